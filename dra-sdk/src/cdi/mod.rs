@@ -1,0 +1,1 @@
+//! Container Device Interface (CDI): typed specs, validation and per-claim spec files.

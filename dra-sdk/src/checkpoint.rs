@@ -1,0 +1,1 @@
+//! Durable record of prepared claims: versioned, checksummed, boot-scoped.

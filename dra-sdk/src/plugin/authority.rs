@@ -1,0 +1,1 @@
+//! HTTP/2 `:authority` rewriting for the registration socket.

@@ -1,0 +1,1 @@
+//! The kubelet plugin registration service.

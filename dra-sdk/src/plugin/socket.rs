@@ -1,0 +1,1 @@
+//! Unix socket helpers: private binding, stale-socket removal and rolling-update names.

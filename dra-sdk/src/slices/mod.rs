@@ -1,0 +1,1 @@
+//! ResourceSlice publishing: the device model, validation, splitting and the reconcile loop.
