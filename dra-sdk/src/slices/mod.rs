@@ -1,1 +1,5 @@
 //! ResourceSlice publishing: the device model, validation, splitting and the reconcile loop.
+
+mod model;
+
+pub use model::{AttributeValue, Device, DeviceAttributes, DeviceCapacity, Quantity};
