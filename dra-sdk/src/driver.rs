@@ -103,6 +103,37 @@ pub trait Driver: Send + Sync + 'static {
     }
 }
 
+/// A shared driver is a driver: keep an `Arc` to it elsewhere (to feed health or hot-plug
+/// events) and hand the plugin a clone.
+#[async_trait]
+impl<D: Driver> Driver for Arc<D> {
+    type Config = D::Config;
+
+    fn config_registry(&self) -> ConfigRegistry<Self::Config> {
+        (**self).config_registry()
+    }
+
+    async fn prepare(&self, claim: &Claim<Self::Config>) -> Result<PreparedClaim, DriverError> {
+        (**self).prepare(claim).await
+    }
+
+    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
+        (**self).unprepare(claim, record).await
+    }
+
+    async fn rollback(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
+        (**self).rollback(claim, record).await
+    }
+
+    fn health(&self) -> Option<HealthSource> {
+        (**self).health()
+    }
+
+    fn on_event(&self, event: &PluginEvent) {
+        (**self).on_event(event)
+    }
+}
+
 /// Identity of a claim as the kubelet sends it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClaimRef {

@@ -66,7 +66,7 @@ impl TestDriver {
 }
 
 #[async_trait::async_trait]
-impl Driver for Arc<TestDriver> {
+impl Driver for TestDriver {
     type Config = GpuConfig;
 
     fn config_registry(&self) -> ConfigRegistry<GpuConfig> {

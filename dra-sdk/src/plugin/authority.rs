@@ -164,7 +164,7 @@ impl From<AuthorityError> for io::Error {
 /// # Ok(())
 /// # }
 /// ```
-pub struct AuthorityRewriteStream<S> {
+pub(crate) struct AuthorityRewriteStream<S> {
     inner: S,
     rewriter: Rewriter,
     scratch: Box<[u8]>,
@@ -173,18 +173,13 @@ pub struct AuthorityRewriteStream<S> {
 
 impl<S> AuthorityRewriteStream<S> {
     /// Wraps a freshly accepted connection (nothing read from it yet).
-    pub fn new(inner: S) -> Self {
+    pub(crate) fn new(inner: S) -> Self {
         Self {
             inner,
             rewriter: Rewriter::new(),
             scratch: vec![0; 8 * 1024].into_boxed_slice(),
             failure: None,
         }
-    }
-
-    /// The wrapped connection.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
     }
 }
 

@@ -8,7 +8,6 @@
 
 // The crate-internal pieces are used by the plugin run loop, which is wired
 // up separately; until then only the tests use them.
-#![cfg_attr(not(test), allow(dead_code))]
 
 use std::future::Future;
 use std::path::Path;

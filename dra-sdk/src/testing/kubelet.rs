@@ -23,7 +23,6 @@ use tonic::transport::Channel;
 
 use crate::driver::ClaimRef;
 use crate::health::HealthStatus;
-use crate::plugin::registration;
 use crate::proto::health_v1alpha1 as health_pb;
 use crate::proto::pluginregistration as reg_pb;
 use crate::proto::{dra_v1, dra_v1beta1};
@@ -36,6 +35,11 @@ pub const GET_INFO_TIMEOUT: Duration = Duration::from_secs(1);
 pub const NOTIFY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Deadline of each `NodePrepareResources` / `NodeUnprepareResources` call.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// The service names the kubelet knows, as plugins advertise them.
+const DRA_V1_SERVICE: &str = "v1.DRAPlugin";
+const DRA_V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
+const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
 /// Which kubelet release to imitate. They differ in how they pick the DRA API version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +208,7 @@ impl KubeletSimulator {
         let health_advertised = info
             .supported_versions
             .iter()
-            .any(|v| v == registration::HEALTH_SERVICE);
+            .any(|v| v == HEALTH_SERVICE);
         Ok(RegisteredPlugin {
             info,
             api,
@@ -224,8 +228,8 @@ impl KubeletSimulator {
             return Err("plugin advertises no supported versions".to_string());
         }
         let to_api = |name: &str| match name {
-            registration::DRA_V1_SERVICE => Some(DraApi::V1),
-            registration::DRA_V1BETA1_SERVICE => Some(DraApi::V1beta1),
+            DRA_V1_SERVICE => Some(DraApi::V1),
+            DRA_V1BETA1_SERVICE => Some(DraApi::V1beta1),
             _ => None,
         };
         match self.version {
@@ -247,7 +251,7 @@ impl KubeletSimulator {
                 if info
                     .supported_versions
                     .iter()
-                    .any(|v| v == registration::DRA_V1BETA1_SERVICE)
+                    .any(|v| v == DRA_V1BETA1_SERVICE)
                 {
                     Ok(DraApi::V1beta1)
                 } else {
