@@ -15,6 +15,7 @@ use dra_sdk::driver::{
 };
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
+use dra_sdk::testing::apiserver::{Fault, Verb};
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
@@ -277,7 +278,7 @@ async fn prepare_is_idempotent_and_does_not_call_the_driver_twice() {
     s.cluster
         .api()
         .faults()
-        .fail_next(10, None, None, 500);
+        .fail_next(10, 500);
     let third = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
     assert_eq!(first, third);
 }
@@ -373,7 +374,8 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
 async fn claim_reads_retry_transient_api_errors() {
     let s = setup().await;
     let claim = gpu_claim(&s.cluster, "flaky", &["gpu-0"]).await;
-    s.cluster.api().faults().fail_next(2, Some("get"), Some("resourceclaims"), 503);
+    let fault = Fault::status(503).verb(Verb::Get).resource("resourceclaims").times(2);
+    s.cluster.api().faults().inject(fault);
     let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
     assert!(result[&claim.uid].is_ok(), "{:?}", result[&claim.uid]);
 }
@@ -391,7 +393,7 @@ async fn unprepare_needs_no_api_server_and_accepts_unknown_claims() {
         name: "never-seen".into(),
     };
     // The API server is down for the whole call.
-    s.cluster.api().faults().fail_next(100, None, None, 500);
+    s.cluster.api().faults().fail_next(100, 500);
     let result = s
         .kubelet
         .unprepare(&[claim.clone(), unknown.clone()])

@@ -41,7 +41,7 @@ async fn main() {
             .stdout(Stdio::null())
             .spawn()
             .expect("spawn");
-        while cluster.api().list::<ResourceSlice>().is_empty() {
+        while cluster.api().list::<ResourceSlice>().expect("list slices").is_empty() {
             assert!(started.elapsed() < Duration::from_secs(30), "no slice after 30 s");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
