@@ -2,26 +2,16 @@
 //! `--kubeconfig`, publishing its devices, registering, and cleaning up on SIGTERM.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use mock_gpu::testing::plugin_command;
 
 fn spawn_plugin(cluster: &TestCluster, kubeconfig: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--node-name", NODE_NAME, "--num-devices", "4"])
-        .arg("--kubelet-registrar-directory-path")
-        .arg(cluster.registrar_dir())
-        .arg("--kubelet-plugins-directory-path")
-        .arg(cluster.plugins_dir())
-        .arg("--cdi-root")
-        .arg(cluster.cdi_root())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+    plugin_command(Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")), cluster, kubeconfig, 4)
         .spawn()
         .expect("spawn plugin")
 }
