@@ -297,9 +297,11 @@ async fn create_errors_are_api_statuses() {
 
     let err = api_error(api.create(&PostParams::default(), &a).await.unwrap_err());
     assert_eq!(
-        (err.code, err.reason.as_str()),
-        (500, "InternalError"),
-        "resourceVersion set on create"
+        (err.code, err.message.as_str()),
+        (
+            500,
+            "resourceVersion should not be set on objects to be created"
+        )
     );
     let mut dup = a.clone();
     dup.metadata.resource_version = None;
@@ -1196,6 +1198,8 @@ async fn discovery() {
         names.contains(&"resourceslices") && names.contains(&"resourceclaims/status"),
         "{names:?}"
     );
+    let request = http::Request::get("/readyz").body(Vec::new()).unwrap();
+    assert_eq!(client.request_text(request).await.unwrap(), "ok");
     let core = client.list_core_api_resources("v1").await.unwrap();
     assert!(
         core.resources

@@ -40,6 +40,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let (parts, body) = request.into_parts();
     let response = match route(&shared, parts.uri.path()) {
         Route::Version => json_response(StatusCode::OK, &version_info(&shared.git_version)),
+        Route::Health => response_with(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            Body::from("ok"),
+        ),
         Route::Discovery(target) => discovery(&shared, &parts.headers, &target),
         Route::Resource(target) => resource_request(&shared, &parts, body, target).await,
         Route::Unknown => error_response(&ApiError::new(
@@ -76,6 +81,8 @@ enum DiscoveryTarget {
 #[derive(Debug)]
 enum Route {
     Version,
+    /// `/healthz`, `/livez`, `/readyz`
+    Health,
     Discovery(DiscoveryTarget),
     Resource(Target),
     Unknown,
@@ -91,6 +98,7 @@ fn route(shared: &Shared, path: &str) -> Route {
     };
     match segments.as_slice() {
         ["version"] => Route::Version,
+        ["healthz" | "livez" | "readyz"] => Route::Health,
         ["api"] => Route::Discovery(DiscoveryTarget::CoreVersions),
         ["apis"] => Route::Discovery(DiscoveryTarget::Groups),
         ["apis", group] if shared.resources.iter().any(|rt| rt.group == *group) => {
@@ -457,11 +465,18 @@ impl ResourceRequest<'_> {
             (_, Some(rv)) => WatchStart::After(parse_rv(rv)?),
             (Some(false), None) => WatchStart::After(self.shared.state().resource_version()),
         };
+        // Like the real server, a zero timeout means the default one.
         let timeout = match self.query.get("timeoutSeconds") {
             None | Some("") => DEFAULT_WATCH_TIMEOUT,
-            Some(secs) => Duration::from_secs(secs.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(format!("invalid timeoutSeconds: \"{secs}\""))
-            })?),
+            Some(secs) => match secs.parse::<u64>() {
+                Ok(0) => DEFAULT_WATCH_TIMEOUT,
+                Ok(secs) => Duration::from_secs(secs),
+                Err(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid timeoutSeconds: \"{secs}\""
+                    )));
+                }
+            },
         };
         let spec = WatchSpec {
             rt: rt.clone(),

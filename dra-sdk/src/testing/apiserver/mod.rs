@@ -20,7 +20,8 @@
 //!   based), watch replay from an in-memory history (ERROR 410 "Expired" when it no longer reaches
 //!   back), BOOKMARKs, `timeoutSeconds`, `sendInitialEvents` with the
 //!   `k8s.io/initial-events-end` bookmark, `PartialObjectMetadata` responses.
-//! - **Discovery**: `/version`, `/api`, `/apis`, per group and version, and aggregated discovery.
+//! - **Discovery**: `/version`, `/api`, `/apis`, per group and version, aggregated discovery,
+//!   and `/healthz`, `/livez`, `/readyz`.
 //! - **Test control**: request [`Stats`], [`Faults`] (fail requests, add latency, drop or refuse
 //!   watches), and write hooks that emulate disabled feature gates
 //!   ([`FakeApiServer::drop_fields`]).

@@ -53,6 +53,11 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// A plain Go error surfacing from storage: 500 with no reason, the message as is.
+    pub(crate) fn unclassified(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
+    }
+
     pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(
             500,
@@ -138,9 +143,12 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        // An unclassified error has an empty reason, which the server omits.
+        if !self.reason.is_empty() {
+            status["reason"] = json!(self.reason);
+        }
         let mut details = self.details.clone();
         if let Some(seconds) = self.retry_after {
             let details = details.get_or_insert_with(|| json!({}));

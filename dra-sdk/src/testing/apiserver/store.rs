@@ -275,8 +275,8 @@ impl State {
             obj.meta.remove("namespace");
         }
         if obj.resource_version().is_some() {
-            // The real server fails this deep in storage, hence the odd 500.
-            return Err(ApiError::internal(
+            // The real server fails this deep in storage, hence the odd reasonless 500.
+            return Err(ApiError::unclassified(
                 "resourceVersion should not be set on objects to be created",
             ));
         }
