@@ -69,7 +69,8 @@ pub(super) fn read(path: &Path) -> io::Result<Option<(Vec<u8>, FileIdentity)>> {
     Ok(Some((bytes, identity)))
 }
 
-/// Replaces `path` with `bytes`: write a temp file in the same directory, rename it over.
+/// Replaces `path` with `bytes`: write a temp file in the same directory, then rename it into
+/// place (see [`install`]).
 ///
 /// A crash at any point leaves either the old or the new file (plus, at worst, a temp file that
 /// [`remove_stale_temp_files`] deletes on the next open). There is deliberately no `fsync`: the
@@ -100,8 +101,8 @@ pub(super) fn write_atomically(
         file.set_modified(mtime)?;
         let identity = FileIdentity::of(&file.metadata()?)?;
         drop(file);
-        // rename(2) keeps inode, size and mtime, so the identity taken above is the final one.
-        fs::rename(&temp, path)?;
+        // Renaming keeps inode, size and mtime, so the identity taken above is the final one.
+        install(&temp, path)?;
         Ok(identity)
     })();
     if result.is_err() {
@@ -109,6 +110,31 @@ pub(super) fn write_atomically(
         let _ = fs::remove_file(&temp);
     }
     result
+}
+
+/// Atomically puts `temp` in place of `path`.
+///
+/// A plain rename over an existing file makes ext4 (default `auto_da_alloc`) start writeback of
+/// the new file's data inside the rename, which measured 0.5–3 ms on a busy disk: an fsync in
+/// all but name. Exchanging the two names (`renameat2(RENAME_EXCHANGE)`, just as atomic) skips
+/// that, and the old version, now under the temp name, is then deleted. A crash in between
+/// leaves the new checkpoint in place and a temp file for the next open to remove.
+fn install(temp: &Path, path: &Path) -> io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    use rustix::io::Errno;
+    match renameat_with(CWD, temp, CWD, path, RenameFlags::EXCHANGE) {
+        Ok(()) => {
+            if let Err(err) = fs::remove_file(temp) {
+                tracing::debug!(path = %temp.display(), error = %err, "could not delete the replaced checkpoint version");
+            }
+            Ok(())
+        }
+        // No checkpoint yet, or a file system / kernel without RENAME_EXCHANGE.
+        Err(Errno::NOENT | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+            fs::rename(temp, path)
+        }
+        Err(errno) => Err(errno.into()),
+    }
 }
 
 /// Deletes temp files left by a process that died between creating and renaming one. Only call
@@ -229,7 +255,7 @@ pub(super) enum LockFailure {
 /// the call is better than hanging the kubelet's prepare until its own 45 s deadline.
 pub(super) fn lock_exclusive(file: &File, timeout: Duration) -> Result<LockGuard<'_>, LockFailure> {
     let start = Instant::now();
-    let mut pause = Duration::from_micros(100);
+    let mut pause = Duration::from_micros(50);
     loop {
         match file.try_lock() {
             Ok(()) => return Ok(LockGuard(file)),
@@ -239,7 +265,7 @@ pub(super) fn lock_exclusive(file: &File, timeout: Duration) -> Result<LockGuard
                     return Err(LockFailure::TimedOut(waited));
                 }
                 std::thread::sleep(pause.min(timeout - waited));
-                pause = (pause * 2).min(Duration::from_millis(20));
+                pause = (pause * 2).min(Duration::from_millis(2));
             }
             Err(TryLockError::Error(err)) => return Err(LockFailure::Io(err)),
         }
@@ -273,6 +299,12 @@ mod tests {
                 assert!(identity.mtime > previous.mtime);
             }
             previous = Some(identity);
+            assert_eq!(fs::read(&path).unwrap(), b"{}");
+            assert_eq!(
+                fs::read_dir(dir.path()).unwrap().count(),
+                1,
+                "temp files left"
+            );
         }
     }
 

@@ -124,35 +124,28 @@ struct DataOut<'a> {
     unknown: &'a Map<String, Value>,
 }
 
-#[derive(Serialize)]
-struct EnvelopeOut<'a> {
-    version: u32,
-    checksum: &'a str,
-    data: &'a RawValue,
-    #[serde(flatten)]
-    unknown: &'a Map<String, Value>,
-}
-
 /// Serializes `contents` as format [`FORMAT_VERSION`], keeping unknown fields.
 pub(super) fn encode(contents: &Contents) -> Result<Vec<u8>, serde_json::Error> {
-    let data = serde_json::to_string(&DataOut {
+    let data = serde_json::to_vec(&DataOut {
         boot_id: &contents.boot_id,
         claims: &contents.claims,
         unknown: &contents.data_unknown,
     })?;
-    let checksum = checksum_of(data.as_bytes());
-    let data = RawValue::from_string(data)?;
-    let mut out = Vec::with_capacity(data.get().len() + 128);
-    serde_json::to_writer(
-        &mut out,
-        &EnvelopeOut {
-            version: FORMAT_VERSION,
-            checksum: &checksum,
-            data: &data,
-            unknown: &contents.envelope_unknown,
-        },
-    )?;
-    out.push(b'\n');
+    let checksum = checksum_of(&data);
+    // Assembled by hand: `data` must appear byte for byte as hashed, and going through
+    // `RawValue` would re-validate the whole payload for nothing.
+    let mut out = Vec::with_capacity(data.len() + 128);
+    out.extend_from_slice(format!("{{\"version\":{FORMAT_VERSION},\"checksum\":").as_bytes());
+    serde_json::to_writer(&mut out, &checksum)?;
+    out.extend_from_slice(b",\"data\":");
+    out.extend_from_slice(&data);
+    for (key, value) in &contents.envelope_unknown {
+        out.push(b',');
+        serde_json::to_writer(&mut out, key)?;
+        out.push(b':');
+        serde_json::to_writer(&mut out, value)?;
+    }
+    out.extend_from_slice(b"}\n");
     Ok(out)
 }
 
@@ -353,25 +346,23 @@ mod tests {
 
     #[test]
     fn malformed_envelopes_are_classified() {
-        let cases: [(&str, fn(&Corruption) -> bool); 6] = [
-            ("", |c| *c == Corruption::Empty),
-            ("{\"version\":1", |c| {
-                matches!(c, Corruption::InvalidJson(_))
-            }),
-            ("[]", |c| matches!(c, Corruption::InvalidJson(_))),
-            (r#"{"checksum":"sha256:00","data":{}}"#, |c| {
-                *c == Corruption::MissingField("version")
-            }),
-            (r#"{"version":0,"checksum":"sha256:00","data":{}}"#, |c| {
-                *c == Corruption::UnsupportedVersion(0)
-            }),
-            (r#"{"version":1,"checksum":"md5:00","data":{}}"#, |c| {
-                matches!(c, Corruption::UnknownChecksumAlgorithm(_))
-            }),
-        ];
-        for (input, check) in cases {
+        fn check(input: &str, expected: impl Fn(&Corruption) -> bool) {
             let err = decode(input.as_bytes()).unwrap_err();
-            assert!(check(&err), "{input:?} gave {err:?}");
+            assert!(expected(&err), "{input:?} gave {err:?}");
         }
+        check("", |c| *c == Corruption::Empty);
+        check("{\"version\":1", |c| {
+            matches!(c, Corruption::InvalidJson(_))
+        });
+        check("[]", |c| matches!(c, Corruption::InvalidJson(_)));
+        check(r#"{"checksum":"sha256:00","data":{}}"#, |c| {
+            *c == Corruption::MissingField("version")
+        });
+        check(r#"{"version":0,"checksum":"sha256:00","data":{}}"#, |c| {
+            *c == Corruption::UnsupportedVersion(0)
+        });
+        check(r#"{"version":1,"checksum":"md5:00","data":{}}"#, |c| {
+            matches!(c, Corruption::UnknownChecksumAlgorithm(_))
+        });
     }
 }
