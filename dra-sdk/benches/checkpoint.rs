@@ -86,6 +86,18 @@ fn benches(c: &mut Criterion) {
             BatchSize::PerIteration,
         )
     });
+    group.bench_function("update/1_of_100_after_peer_write", |b| {
+        b.iter_batched(
+            || {
+                generation += 1;
+                let (uid, record) = claim(9, generation);
+                peer.update([ClaimChange::put(uid, record)]).unwrap();
+                claim(8, generation)
+            },
+            |(uid, record)| checkpoint.update([ClaimChange::put(uid, record)]).unwrap(),
+            BatchSize::PerIteration,
+        )
+    });
     group.finish();
 }
 

@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -60,32 +59,40 @@ pub enum Corruption {
     },
 }
 
-/// A claim as stored: either understood, or kept verbatim because this version cannot read it.
+/// A claim as stored, with the exact JSON of its record.
+///
+/// Keeping the JSON means a write only serializes the claims it changes; the others are copied
+/// as they were read or last written (which also keeps another writer's bytes exactly).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum StoredClaim {
-    Known(ClaimRecord),
+    Known {
+        record: ClaimRecord,
+        json: Box<str>,
+    },
     /// A record that does not deserialize (e.g. a newer SDK changed a field's type). It is not
     /// served, but written back unchanged unless the claim is put or removed.
     Unreadable {
-        value: Value,
+        json: Box<str>,
         reason: String,
     },
 }
 
 impl StoredClaim {
+    pub(super) fn from_record(record: ClaimRecord) -> Result<Self, serde_json::Error> {
+        let json = serde_json::to_string(&record)?.into_boxed_str();
+        Ok(Self::Known { record, json })
+    }
+
     pub(super) fn known(&self) -> Option<&ClaimRecord> {
         match self {
-            Self::Known(record) => Some(record),
+            Self::Known { record, .. } => Some(record),
             Self::Unreadable { .. } => None,
         }
     }
-}
 
-impl Serialize for StoredClaim {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+    fn json(&self) -> &str {
         match self {
-            Self::Known(record) => record.serialize(serializer),
-            Self::Unreadable { value, .. } => value.serialize(serializer),
+            Self::Known { json, .. } | Self::Unreadable { json, .. } => json,
         }
     }
 }
@@ -115,38 +122,51 @@ impl Contents {
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct DataOut<'a> {
-    boot_id: &'a str,
-    claims: &'a BTreeMap<String, StoredClaim>,
-    #[serde(flatten)]
-    unknown: &'a Map<String, Value>,
-}
-
 /// Serializes `contents` as format [`FORMAT_VERSION`], keeping unknown fields.
+///
+/// Assembled by hand: claims are copied from their stored JSON, and the envelope must carry
+/// `data` byte for byte as hashed.
 pub(super) fn encode(contents: &Contents) -> Result<Vec<u8>, serde_json::Error> {
-    let data = serde_json::to_vec(&DataOut {
-        boot_id: &contents.boot_id,
-        claims: &contents.claims,
-        unknown: &contents.data_unknown,
-    })?;
-    let checksum = checksum_of(&data);
-    // Assembled by hand: `data` must appear byte for byte as hashed, and going through
-    // `RawValue` would re-validate the whole payload for nothing.
+    let claims_len: usize = contents
+        .claims
+        .iter()
+        .map(|(uid, claim)| uid.len() + claim.json().len() + 4)
+        .sum();
+    let mut data = Vec::with_capacity(claims_len + 128);
+    data.extend_from_slice(b"{\"bootId\":");
+    serde_json::to_writer(&mut data, &contents.boot_id)?;
+    data.extend_from_slice(b",\"claims\":{");
+    for (i, (uid, claim)) in contents.claims.iter().enumerate() {
+        if i > 0 {
+            data.push(b',');
+        }
+        serde_json::to_writer(&mut data, uid)?;
+        data.push(b':');
+        data.extend_from_slice(claim.json().as_bytes());
+    }
+    data.push(b'}');
+    write_fields(&mut data, &contents.data_unknown)?;
+    data.push(b'}');
+
     let mut out = Vec::with_capacity(data.len() + 128);
     out.extend_from_slice(format!("{{\"version\":{FORMAT_VERSION},\"checksum\":").as_bytes());
-    serde_json::to_writer(&mut out, &checksum)?;
+    serde_json::to_writer(&mut out, &checksum_of(&data))?;
     out.extend_from_slice(b",\"data\":");
     out.extend_from_slice(&data);
-    for (key, value) in &contents.envelope_unknown {
-        out.push(b',');
-        serde_json::to_writer(&mut out, key)?;
-        out.push(b':');
-        serde_json::to_writer(&mut out, value)?;
-    }
+    write_fields(&mut out, &contents.envelope_unknown)?;
     out.extend_from_slice(b"}\n");
     Ok(out)
+}
+
+/// Appends `,"key":value` for each field.
+fn write_fields(out: &mut Vec<u8>, fields: &Map<String, Value>) -> Result<(), serde_json::Error> {
+    for (key, value) in fields {
+        out.push(b',');
+        serde_json::to_writer(&mut *out, key)?;
+        out.push(b':');
+        serde_json::to_writer(&mut *out, value)?;
+    }
+    Ok(())
 }
 
 /// Parses and verifies a checkpoint file.
@@ -221,20 +241,21 @@ fn decode_claims(raw: &RawValue) -> Result<BTreeMap<String, StoredClaim>, Corrup
     // A null `claims` (as a Go writer with a nil map would produce) is an empty set.
     let entries: Option<BTreeMap<String, &RawValue>> =
         serde_json::from_str(raw.get()).map_err(invalid)?;
-    entries
+    Ok(entries
         .unwrap_or_default()
         .into_iter()
         .map(|(uid, raw)| {
-            let stored = match serde_json::from_str::<ClaimRecord>(raw.get()) {
-                Ok(record) => StoredClaim::Known(record),
+            let json: Box<str> = raw.get().into();
+            let stored = match serde_json::from_str::<ClaimRecord>(&json) {
+                Ok(record) => StoredClaim::Known { record, json },
                 Err(err) => StoredClaim::Unreadable {
-                    value: serde_json::from_str(raw.get()).map_err(invalid)?,
+                    json,
                     reason: err.to_string(),
                 },
             };
-            Ok((uid, stored))
+            (uid, stored)
         })
-        .collect()
+        .collect())
 }
 
 fn to_value_map(
@@ -292,8 +313,14 @@ mod tests {
         let mut contents = Contents::empty("boot-1");
         contents.claims.insert(
             "uid-1".into(),
-            StoredClaim::Known(ClaimRecord::started("ns", "claim")),
+            StoredClaim::from_record(ClaimRecord::started("ns", "claim")).unwrap(),
         );
+        contents
+            .data_unknown
+            .insert("nodeName".into(), json!("node-a"));
+        contents
+            .envelope_unknown
+            .insert("writer".into(), json!({ "sdk": "9.9" }));
         contents
     }
 
@@ -338,10 +365,10 @@ mod tests {
             ClaimState::PrepareCompleted
         );
         let again = decode(&encode(&contents).unwrap()).unwrap();
-        let StoredClaim::Unreadable { value, .. } = &again.claims["u"] else {
+        let StoredClaim::Unreadable { json, .. } = &again.claims["u"] else {
             panic!("claim u should stay unreadable");
         };
-        assert_eq!(value, &json!({ "devices": "not-a-list" }));
+        assert_eq!(&**json, r#"{"devices":"not-a-list"}"#);
     }
 
     #[test]

@@ -133,6 +133,14 @@ pub enum CheckpointError {
         /// The I/O error.
         source: io::Error,
     },
+    /// A claim record could not be encoded as JSON.
+    #[error("cannot encode the checkpoint record of claim {claim_uid}: {source}")]
+    EncodeRecord {
+        /// The claim UID.
+        claim_uid: String,
+        /// The serializer error.
+        source: serde_json::Error,
+    },
     /// The checkpoint could not be encoded as JSON.
     #[error("cannot encode checkpoint {}: {source}", path.display())]
     Encode {
@@ -280,24 +288,52 @@ struct Inner {
     seen: Seen,
 }
 
+/// A [`ClaimChange`] with the record already serialized, so that serializing happens before
+/// the locks are taken.
+#[derive(Debug)]
+enum StagedChange {
+    Put { uid: String, claim: StoredClaim },
+    Remove { uid: String },
+}
+
+impl StagedChange {
+    fn stage(change: ClaimChange) -> Result<Self, CheckpointError> {
+        Ok(match change {
+            ClaimChange::Put { uid, record } => match StoredClaim::from_record(record) {
+                Ok(claim) => Self::Put { uid, claim },
+                Err(source) => {
+                    return Err(CheckpointError::EncodeRecord {
+                        claim_uid: uid,
+                        source,
+                    });
+                }
+            },
+            ClaimChange::Remove { uid } => Self::Remove { uid },
+        })
+    }
+}
+
 /// The previous value of every claim a batch touched, to restore memory if the write fails.
 #[derive(Debug)]
 struct Undo(Vec<(String, Option<StoredClaim>)>);
 
 impl Undo {
     /// Applies `changes`, skipping those that change nothing.
-    fn apply(claims: &mut BTreeMap<String, StoredClaim>, changes: Vec<ClaimChange>) -> Self {
+    fn apply(claims: &mut BTreeMap<String, StoredClaim>, changes: Vec<StagedChange>) -> Self {
         let mut undo = Vec::new();
         for change in changes {
             match change {
-                ClaimChange::Put { uid, record } => {
-                    let record = StoredClaim::Known(record);
-                    if claims.get(&uid) != Some(&record) {
-                        let previous = claims.insert(uid.clone(), record);
+                StagedChange::Put { uid, claim } => {
+                    let unchanged = claims
+                        .get(&uid)
+                        .and_then(StoredClaim::known)
+                        .is_some_and(|current| Some(current) == claim.known());
+                    if !unchanged {
+                        let previous = claims.insert(uid.clone(), claim);
                         undo.push((uid, previous));
                     }
                 }
-                ClaimChange::Remove { uid } => {
+                StagedChange::Remove { uid } => {
                     if let Some(previous) = claims.remove(&uid) {
                         undo.push((uid, Some(previous)));
                     }
@@ -479,7 +515,10 @@ impl Checkpoint {
         &self,
         changes: impl IntoIterator<Item = ClaimChange>,
     ) -> Result<(), CheckpointError> {
-        let changes: Vec<ClaimChange> = changes.into_iter().collect();
+        let changes = changes
+            .into_iter()
+            .map(StagedChange::stage)
+            .collect::<Result<Vec<_>, _>>()?;
         if changes.is_empty() {
             return Ok(());
         }
@@ -675,39 +714,47 @@ mod tests {
         assert_eq!(boot_id.len(), 36, "{boot_id:?}");
     }
 
+    fn stage(changes: Vec<ClaimChange>) -> Vec<StagedChange> {
+        changes
+            .into_iter()
+            .map(|change| StagedChange::stage(change).unwrap())
+            .collect()
+    }
+
+    fn stored(name: &str) -> StoredClaim {
+        StoredClaim::from_record(ClaimRecord::started("ns", name)).unwrap()
+    }
+
     #[test]
     fn undo_restores_the_claims_before_the_batch() {
-        let known = |name: &str| StoredClaim::Known(ClaimRecord::started("ns", name));
         let mut claims =
-            BTreeMap::from([("a".to_owned(), known("a")), ("b".to_owned(), known("b"))]);
+            BTreeMap::from([("a".to_owned(), stored("a")), ("b".to_owned(), stored("b"))]);
         let before = claims.clone();
         let undo = Undo::apply(
             &mut claims,
-            vec![
+            stage(vec![
                 ClaimChange::put("a", ClaimRecord::started("ns", "a2")),
                 ClaimChange::put("c", ClaimRecord::started("ns", "c")),
                 ClaimChange::put("c", ClaimRecord::started("ns", "c2")),
                 ClaimChange::remove("b"),
                 ClaimChange::remove("unknown"),
-            ],
+            ]),
         );
         assert_eq!(claims.keys().collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(claims["c"], stored("c2"));
         undo.revert(&mut claims);
         assert_eq!(claims, before);
     }
 
     #[test]
     fn batch_without_effect_has_nothing_to_undo() {
-        let mut claims = BTreeMap::from([(
-            "a".to_owned(),
-            StoredClaim::Known(ClaimRecord::started("ns", "a")),
-        )]);
+        let mut claims = BTreeMap::from([("a".to_owned(), stored("a"))]);
         let undo = Undo::apply(
             &mut claims,
-            vec![
+            stage(vec![
                 ClaimChange::put("a", ClaimRecord::started("ns", "a")),
                 ClaimChange::remove("unknown"),
-            ],
+            ]),
         );
         assert!(undo.is_empty());
     }
