@@ -245,7 +245,8 @@ pub struct OpenReport {
 }
 
 impl OpenReport {
-    /// Whether the checkpoint was read as is, with nothing discarded, moved or skipped.
+    /// Whether the checkpoint was read as is (or created), with nothing discarded, moved or
+    /// skipped. Removed temp files do not count: they never hold anything the checkpoint lacks.
     pub fn is_clean(&self) -> bool {
         !self.discarded_other_boot
             && self.corrupt_moved_to.is_none()
@@ -395,8 +396,9 @@ impl Checkpoint {
     ///
     /// `boot_id` is normally [`current_boot_id()`]. A file from another boot is discarded, a
     /// corrupt file moved aside, leftover temp files deleted; the [`OpenReport`] says which.
-    /// Errors are I/O failures only (unreadable directory, read-only file system, lock held by a
-    /// stuck peer for longer than [`DEFAULT_LOCK_TIMEOUT`]).
+    /// Apart from an empty `boot_id`, errors are I/O failures only (unreadable directory,
+    /// read-only file system, lock held by a stuck peer for longer than
+    /// [`DEFAULT_LOCK_TIMEOUT`]): a bad file is never a reason to fail.
     pub fn open(
         dir: &Path,
         boot_id: impl Into<String>,
