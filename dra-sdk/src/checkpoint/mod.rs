@@ -246,7 +246,8 @@ pub struct OpenReport {
 
 impl OpenReport {
     /// Whether the checkpoint was read as is (or created), with nothing discarded, moved or
-    /// skipped. Removed temp files do not count: they never hold anything the checkpoint lacks.
+    /// skipped. Removed temp files do not count: they only hold writes that never completed, or
+    /// the version a completed write replaced.
     pub fn is_clean(&self) -> bool {
         !self.discarded_other_boot
             && self.corrupt_moved_to.is_none()
