@@ -30,14 +30,18 @@ pub const BOOT_ID: &str = "00000000-0000-4000-8000-000000000001";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
-    /// The fake API server or a directory could not be set up.
+    /// A directory could not be set up.
     #[error("starting the test cluster: {0}")]
     Io(#[from] std::io::Error),
+    /// The fake API server could not start or store the Node.
+    #[error("starting the test cluster's API server: {0}")]
+    ApiServer(#[from] crate::testing::apiserver::Error),
 }
 
 /// The fake API server, a Node, and kubelet directories in a temporary folder.
 pub struct TestCluster {
     api: FakeApiServer,
+    client: kube::Client,
     dir: tempfile::TempDir,
 }
 
@@ -59,13 +63,14 @@ impl TestCluster {
             "metadata": { "name": NODE_NAME, "labels": { "kubernetes.io/hostname": NODE_NAME } },
         }))
         .map_err(std::io::Error::other)?;
-        api.insert(&node);
+        api.insert(&node)?;
         // Short paths keep socket names far from the 108-byte limit.
         let dir = tempfile::Builder::new().prefix("dra").tempdir()?;
         for sub in ["registry", "plugins", "cdi"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
         }
-        Ok(Self { api, dir })
+        let client = api.client()?;
+        Ok(Self { api, client, dir })
     }
 
     /// The fake API server.
@@ -75,7 +80,7 @@ impl TestCluster {
 
     /// A client of the fake API server.
     pub fn client(&self) -> kube::Client {
-        self.api.client()
+        self.client.clone()
     }
 
     /// The kubelet's plugin registry directory.

@@ -31,7 +31,7 @@ async fn main() {
         let mut child = plugin_command(binary, &cluster, &kubeconfig, 8)
             .spawn()
             .expect("spawn");
-        while cluster.api().list::<ResourceSlice>().is_empty() {
+        while cluster.api().list::<ResourceSlice>().expect("list").is_empty() {
             assert!(started.elapsed() < Duration::from_secs(30), "no slice after 30 s");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

@@ -44,8 +44,8 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert_eq!(plugin.info.name, "gpu.example.com");
 
     let api = cluster.api();
-    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().is_empty()).await;
-    let slices = api.list::<ResourceSlice>();
+    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().unwrap().is_empty()).await;
+    let slices = api.list::<ResourceSlice>().unwrap();
     let devices: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
     assert_eq!(devices, 4);
     assert_eq!(slices[0].spec.node_name.as_deref(), Some(NODE_NAME));
@@ -57,7 +57,7 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert!(!socket.exists(), "registration socket left behind");
     assert!(!Path::new(&plugin.info.endpoint).exists(), "DRA socket left behind");
     // Slices stay: the kubelet wipes them if the plugin does not come back.
-    assert!(!api.list::<ResourceSlice>().is_empty());
+    assert!(!api.list::<ResourceSlice>().unwrap().is_empty());
 }
 
 #[test]
