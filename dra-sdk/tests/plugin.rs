@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
+use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord};
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
 use dra_sdk::driver::{
     Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim, PreparedDevice,
@@ -106,7 +106,7 @@ impl Driver for TestDriver {
         if let Some(delay) = self.delay {
             tokio::time::sleep(delay).await;
         }
-        if record.state == ClaimState::PrepareCompleted {
+        if record.is_completed() {
             assert_eq!(record.driver_state, Some(serde_json::json!({ "note": "hello" })));
         }
         self.leave(&claim.uid);
@@ -275,10 +275,7 @@ async fn prepare_is_idempotent_and_does_not_call_the_driver_twice() {
     assert_eq!(first, second);
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 1);
     // The second answer comes from the checkpoint: not even the API server is asked.
-    s.cluster
-        .api()
-        .faults()
-        .fail_next(10, 500);
+    s.cluster.api().faults().fail_next(10, 500);
     let third = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
     assert_eq!(first, third);
 }
@@ -374,8 +371,10 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
 async fn claim_reads_retry_transient_api_errors() {
     let s = setup().await;
     let claim = gpu_claim(&s.cluster, "flaky", &["gpu-0"]).await;
-    let fault = Fault::status(503).verb(Verb::Get).resource("resourceclaims").times(2);
-    s.cluster.api().faults().inject(fault);
+    s.cluster
+        .api()
+        .faults()
+        .inject(Fault::status(503).verb(Verb::Get).resource("resourceclaims").times(2));
     let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
     assert!(result[&claim.uid].is_ok(), "{:?}", result[&claim.uid]);
 }
@@ -459,7 +458,7 @@ async fn restart_serves_completed_claims_and_rolls_back_interrupted_ones() {
         checkpoint
             .update([ClaimChange::Put {
                 uid: "33333333-0000-0000-0000-000000000000".into(),
-                record: ClaimRecord::new("default".into(), "half".into(), ClaimState::PrepareStarted),
+                record: ClaimRecord::started("default", "half"),
             }])
             .unwrap();
     }

@@ -15,6 +15,20 @@ use crate::health::{DeviceHealth, HealthSource, HealthStatus};
 use crate::plugin::node::NodeService;
 use crate::proto::health_v1alpha1 as health_pb;
 
+/// The kubelet's claims as [`ClaimRef`]s (the `Claim` message is the same in every version).
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|claim| ClaimRef {
+                uid: claim.uid,
+                namespace: claim.namespace,
+                name: claim.name,
+            })
+            .collect()
+    };
+}
+
 /// Generates the adapter for one DRA API version, `crate::proto::$pb`. `$device` builds that
 /// version's `Device` defaults from a prepared device's optional share ID (v1beta1 has no
 /// such field, so it ignores it).
@@ -33,16 +47,7 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodePrepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodePrepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|claim| ClaimRef {
-                        uid: claim.uid,
-                        namespace: claim.namespace,
-                        name: claim.name,
-                    })
-                    .collect();
+                let claims = claim_refs!(request.into_inner().claims);
                 let results = self.node.prepare(claims).await;
                 let device_defaults: fn(Option<String>) -> pb::Device = $device;
                 let claims = results
@@ -78,16 +83,7 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodeUnprepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|claim| ClaimRef {
-                        uid: claim.uid,
-                        namespace: claim.namespace,
-                        name: claim.name,
-                    })
-                    .collect();
+                let claims = claim_refs!(request.into_inner().claims);
                 let results = self.node.unprepare(claims).await;
                 let claims = results
                     .into_iter()

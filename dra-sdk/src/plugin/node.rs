@@ -149,7 +149,7 @@ impl<D: Driver> NodeService<D> {
 
     async fn load(&self, claim: ClaimRef) -> Loaded<D::Config> {
         match self.checkpoint.get(&claim.uid) {
-            Ok(Some(record)) if record.state == ClaimState::PrepareCompleted => {
+            Ok(Some(record)) if record.is_completed() => {
                 tracing::debug!("claim already prepared, answering from the checkpoint");
                 return Loaded::Done(record.devices);
             }
@@ -243,8 +243,8 @@ impl<D: Driver> NodeService<D> {
         let mut completed_removed = 0i64;
         for (claim, outcome) in claims.iter().zip(outcomes) {
             match outcome {
-                Ok(Some(state)) => {
-                    if state == ClaimState::PrepareCompleted {
+                Ok(Some(was_completed)) => {
+                    if was_completed {
                         completed_removed += 1;
                     }
                     removals.push(ClaimChange::Remove {
@@ -287,11 +287,12 @@ impl<D: Driver> NodeService<D> {
         results
     }
 
-    /// Unprepares one claim; `Ok(Some(state))` when a checkpoint record must be removed.
+    /// Unprepares one claim; `Ok(Some(was_completed))` when a checkpoint record must be
+    /// removed.
     async fn unprepare_one(
         &self,
         claim: &ClaimRef,
-    ) -> Result<Option<ClaimState>, (&'static str, String)> {
+    ) -> Result<Option<bool>, (&'static str, String)> {
         let record = self
             .checkpoint
             .get(&claim.uid)
@@ -313,7 +314,7 @@ impl<D: Driver> NodeService<D> {
             .remove_claim(&claim.uid)
             .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
         tracing::info!("claim unprepared");
-        Ok(Some(record.state))
+        Ok(Some(record.is_completed()))
     }
 
     /// Brings state left by a previous run in line before the plugin registers: rolls back
@@ -364,10 +365,7 @@ impl<D: Driver> NodeService<D> {
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "removing orphaned CDI specs"),
         }
-        let completed = records
-            .values()
-            .filter(|record| record.state == ClaimState::PrepareCompleted)
-            .count();
+        let completed = records.values().filter(|record| record.is_completed()).count();
         self.metrics.set_prepared_claims(completed);
         Ok(())
     }
@@ -377,9 +375,10 @@ impl<D: Driver> NodeService<D> {
         // The file lock may briefly block on another plugin instance: keep it off the runtime.
         match tokio::task::spawn_blocking(move || checkpoint.update(changes)).await {
             Ok(result) => result,
-            Err(join_error) => Err(CheckpointError::from(std::io::Error::other(format!(
-                "checkpoint writer task failed: {join_error}"
-            )))),
+            Err(join_error) => Err(CheckpointError::Write {
+                path: self.checkpoint.path().to_path_buf(),
+                source: std::io::Error::other(format!("checkpoint writer task failed: {join_error}")),
+            }),
         }
     }
 }
@@ -449,11 +448,7 @@ fn cdi_devices(prepared: &PreparedClaim) -> Vec<ClaimDevice> {
 }
 
 fn started_record(claim: &ClaimRef) -> ClaimRecord {
-    ClaimRecord::new(
-        claim.namespace.clone(),
-        claim.name.clone(),
-        ClaimState::PrepareStarted,
-    )
+    ClaimRecord::started(&claim.namespace, &claim.name)
 }
 
 fn completed_record(
@@ -461,14 +456,12 @@ fn completed_record(
     devices: Vec<PreparedDeviceRecord>,
     driver_state: Option<serde_json::Value>,
 ) -> ClaimRecord {
-    let mut record = ClaimRecord::new(
-        claim.namespace.clone(),
-        claim.name.clone(),
-        ClaimState::PrepareCompleted,
-    );
-    record.devices = devices;
-    record.driver_state = driver_state;
-    record
+    let record = ClaimRecord::started(&claim.namespace, &claim.name);
+    match driver_state {
+        Some(state) => record.with_driver_state(state),
+        None => record,
+    }
+    .into_completed(devices)
 }
 
 fn device_record(
@@ -478,7 +471,7 @@ fn device_record(
     share_id: Option<String>,
     cdi_device_ids: Vec<String>,
 ) -> PreparedDeviceRecord {
-    let mut record = PreparedDeviceRecord::new(pool.to_string(), device.to_string());
+    let mut record = PreparedDeviceRecord::new(pool, device);
     record.request_names = request_names;
     record.share_id = share_id;
     record.cdi_device_ids = cdi_device_ids;

@@ -30,11 +30,11 @@ pub const BOOT_ID: &str = "00000000-0000-4000-8000-000000000001";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClusterError {
-    /// The fake API server or a directory could not be set up.
+    /// A directory could not be set up.
     #[error("starting the test cluster: {0}")]
     Io(#[from] std::io::Error),
-    /// The fake API server refused to start or to store the Node.
-    #[error("starting the test cluster: {0}")]
+    /// The fake API server could not start or store the Node.
+    #[error("starting the test cluster's API server: {0}")]
     ApiServer(#[from] crate::testing::apiserver::Error),
 }
 
@@ -64,12 +64,12 @@ impl TestCluster {
         }))
         .map_err(std::io::Error::other)?;
         api.insert(&node)?;
-        let client = api.client()?;
         // Short paths keep socket names far from the 108-byte limit.
         let dir = tempfile::Builder::new().prefix("dra").tempdir()?;
         for sub in ["registry", "plugins", "cdi"] {
             std::fs::create_dir_all(dir.path().join(sub))?;
         }
+        let client = api.client()?;
         Ok(Self { api, client, dir })
     }
 

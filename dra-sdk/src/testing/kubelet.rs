@@ -103,6 +103,81 @@ pub enum KubeletError {
     InvalidResponse(String),
 }
 
+/// The kubelet's claim list in API version `$pb`.
+macro_rules! kubelet_claims {
+    ($pb:ident, $claims:expr) => {
+        $claims
+            .iter()
+            .map(|c| $pb::Claim {
+                namespace: c.namespace.clone(),
+                uid: c.uid.clone(),
+                name: c.name.clone(),
+            })
+            .collect()
+    };
+}
+
+/// One `NodePrepareResources` call in API version `$pb`; `$share_id` reads a device's share
+/// ID where the version has one.
+macro_rules! prepare_via {
+    ($pb:ident, $channel:expr, $claims:expr, $share_id:expr) => {{
+        let mut client = $pb::dra_plugin_client::DraPluginClient::new($channel.clone());
+        let request = $pb::NodePrepareResourcesRequest {
+            claims: kubelet_claims!($pb, $claims),
+        };
+        let share_id: fn($pb::Device) -> Option<String> = $share_id;
+        with_timeout(
+            "NodePrepareResources",
+            CALL_TIMEOUT,
+            client.node_prepare_resources(request),
+        )
+        .await?
+        .into_inner()
+        .claims
+        .into_iter()
+        .map(|(uid, claim)| {
+            let outcome = if claim.error.is_empty() {
+                Ok(claim
+                    .devices
+                    .into_iter()
+                    .map(|d| KubeletDevice {
+                        request_names: d.request_names.clone(),
+                        pool: d.pool_name.clone(),
+                        device: d.device_name.clone(),
+                        cdi_device_ids: d.cdi_device_ids.clone(),
+                        share_id: share_id(d),
+                    })
+                    .collect())
+            } else {
+                Err(claim.error)
+            };
+            (uid, outcome)
+        })
+        .collect()
+    }};
+}
+
+/// One `NodeUnprepareResources` call in API version `$pb`: per-claim error strings.
+macro_rules! unprepare_via {
+    ($pb:ident, $channel:expr, $claims:expr) => {{
+        let mut client = $pb::dra_plugin_client::DraPluginClient::new($channel.clone());
+        let request = $pb::NodeUnprepareResourcesRequest {
+            claims: kubelet_claims!($pb, $claims),
+        };
+        with_timeout(
+            "NodeUnprepareResources",
+            CALL_TIMEOUT,
+            client.node_unprepare_resources(request),
+        )
+        .await?
+        .into_inner()
+        .claims
+        .into_iter()
+        .map(|(uid, claim)| (uid, claim.error))
+        .collect()
+    }};
+}
+
 /// Imitates one kubelet.
 #[derive(Clone, Debug)]
 pub struct KubeletSimulator {
@@ -284,69 +359,8 @@ impl RegisteredPlugin {
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, PrepareOutcome>, KubeletError> {
         let outcomes: BTreeMap<String, PrepareOutcome> = match self.api {
-            DraApi::V1 => {
-                let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = dra_v1::NodePrepareResourcesRequest {
-                    claims: claims.iter().map(|c| dra_v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    }).collect(),
-                };
-                let response = with_timeout("NodePrepareResources", CALL_TIMEOUT, client.node_prepare_resources(request))
-                    .await?
-                    .into_inner();
-                response
-                    .claims
-                    .into_iter()
-                    .map(|(uid, claim)| {
-                        let outcome = if claim.error.is_empty() {
-                            Ok(claim.devices.into_iter().map(|d| KubeletDevice {
-                                request_names: d.request_names,
-                                pool: d.pool_name,
-                                device: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                                share_id: d.share_id,
-                            }).collect())
-                        } else {
-                            Err(claim.error)
-                        };
-                        (uid, outcome)
-                    })
-                    .collect()
-            }
-            DraApi::V1beta1 => {
-                let mut client =
-                    dra_v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = dra_v1beta1::NodePrepareResourcesRequest {
-                    claims: claims.iter().map(|c| dra_v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    }).collect(),
-                };
-                let response = with_timeout("NodePrepareResources", CALL_TIMEOUT, client.node_prepare_resources(request))
-                    .await?
-                    .into_inner();
-                response
-                    .claims
-                    .into_iter()
-                    .map(|(uid, claim)| {
-                        let outcome = if claim.error.is_empty() {
-                            Ok(claim.devices.into_iter().map(|d| KubeletDevice {
-                                request_names: d.request_names,
-                                pool: d.pool_name,
-                                device: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                                share_id: None,
-                            }).collect())
-                        } else {
-                            Err(claim.error)
-                        };
-                        (uid, outcome)
-                    })
-                    .collect()
-            }
+            DraApi::V1 => prepare_via!(dra_v1, self.channel, claims, |d: dra_v1::Device| d.share_id),
+            DraApi::V1beta1 => prepare_via!(dra_v1beta1, self.channel, claims, |_| None),
         };
         check_keys(claims, outcomes.keys())?;
         Ok(outcomes)
@@ -358,41 +372,8 @@ impl RegisteredPlugin {
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, Result<(), String>>, KubeletError> {
         let errors: BTreeMap<String, String> = match self.api {
-            DraApi::V1 => {
-                let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = dra_v1::NodeUnprepareResourcesRequest {
-                    claims: claims.iter().map(|c| dra_v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    }).collect(),
-                };
-                with_timeout("NodeUnprepareResources", CALL_TIMEOUT, client.node_unprepare_resources(request))
-                    .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, claim)| (uid, claim.error))
-                    .collect()
-            }
-            DraApi::V1beta1 => {
-                let mut client =
-                    dra_v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = dra_v1beta1::NodeUnprepareResourcesRequest {
-                    claims: claims.iter().map(|c| dra_v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    }).collect(),
-                };
-                with_timeout("NodeUnprepareResources", CALL_TIMEOUT, client.node_unprepare_resources(request))
-                    .await?
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|(uid, claim)| (uid, claim.error))
-                    .collect()
-            }
+            DraApi::V1 => unprepare_via!(dra_v1, self.channel, claims),
+            DraApi::V1beta1 => unprepare_via!(dra_v1beta1, self.channel, claims),
         };
         check_keys(claims, errors.keys())?;
         Ok(errors

@@ -4,11 +4,11 @@
 //!
 //! Run: `cargo bench -p mock-gpu --bench startup`
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk::testing::cluster::TestCluster;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use mock_gpu::testing::plugin_command;
 
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -27,21 +27,11 @@ async fn main() {
         let kubeconfig = cluster.path().join("kubeconfig");
         cluster.api().write_kubeconfig(&kubeconfig).expect("kubeconfig");
         let started = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--node-name", NODE_NAME, "--num-devices", "8"])
-            .arg("--kubelet-registrar-directory-path")
-            .arg(cluster.registrar_dir())
-            .arg("--kubelet-plugins-directory-path")
-            .arg(cluster.plugins_dir())
-            .arg("--cdi-root")
-            .arg(cluster.cdi_root())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+        let binary = std::path::Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"));
+        let mut child = plugin_command(binary, &cluster, &kubeconfig, 8)
             .spawn()
             .expect("spawn");
-        while cluster.api().list::<ResourceSlice>().expect("list slices").is_empty() {
+        while cluster.api().list::<ResourceSlice>().expect("list").is_empty() {
             assert!(started.elapsed() < Duration::from_secs(30), "no slice after 30 s");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }

@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod demo;
+pub mod testing;
 
 use dra_sdk::DeviceAttributes;
 use dra_sdk::cdi::ContainerEdits;

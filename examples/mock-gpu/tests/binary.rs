@@ -2,26 +2,16 @@
 //! `--kubeconfig`, publishing its devices, registering, and cleaning up on SIGTERM.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use mock_gpu::testing::plugin_command;
 
 fn spawn_plugin(cluster: &TestCluster, kubeconfig: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--node-name", NODE_NAME, "--num-devices", "4"])
-        .arg("--kubelet-registrar-directory-path")
-        .arg(cluster.registrar_dir())
-        .arg("--kubelet-plugins-directory-path")
-        .arg(cluster.plugins_dir())
-        .arg("--cdi-root")
-        .arg(cluster.cdi_root())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+    plugin_command(Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")), cluster, kubeconfig, 4)
         .spawn()
         .expect("spawn plugin")
 }
@@ -54,8 +44,8 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert_eq!(plugin.info.name, "gpu.example.com");
 
     let api = cluster.api();
-    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().is_empty()).await;
-    let slices = api.list::<ResourceSlice>();
+    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().unwrap().is_empty()).await;
+    let slices = api.list::<ResourceSlice>().unwrap();
     let devices: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
     assert_eq!(devices, 4);
     assert_eq!(slices[0].spec.node_name.as_deref(), Some(NODE_NAME));
@@ -67,7 +57,7 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert!(!socket.exists(), "registration socket left behind");
     assert!(!Path::new(&plugin.info.endpoint).exists(), "DRA socket left behind");
     // Slices stay: the kubelet wipes them if the plugin does not come back.
-    assert!(!api.list::<ResourceSlice>().is_empty());
+    assert!(!api.list::<ResourceSlice>().unwrap().is_empty());
 }
 
 #[test]
