@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod attributes;
 pub mod cdi;
 pub mod checkpoint;
 pub mod config;
@@ -10,3 +11,5 @@ pub mod proto;
 pub mod slices;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+pub use dra_sdk_derive::{DeviceAttributes, OpaqueConfig};
