@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use darling::util::{Flag, SpannedValue};
 use darling::{FromDeriveInput, FromField, ast};
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{DeriveInput, Ident, Path, Type};
@@ -84,9 +84,15 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
     let mut bounds = Vec::new();
     let mut counted = 0;
 
-    for (field, ident, role) in &published {
+    for (field, field_ident, role) in &published {
         let ty = &field.ty;
         let span = ty.span();
+        // The whole call carries the field type's span, so that an unsupported type is
+        // reported on that type alone (the crate path would otherwise stretch the error from
+        // `#[dra(crate = ...)]` to the field).
+        let krate = respan(krate.to_token_stream(), span);
+        let mut ident = (*field_ident).clone();
+        ident.set_span(span);
         let trait_path = match role {
             Role::Attribute => quote!(#krate::attributes::ToAttributeValue),
             Role::Capacity => quote!(#krate::attributes::ToCapacity),
@@ -109,13 +115,16 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
                     "`{}` has {total} attributes and capacities; a device may have at most {MAX_DEVICE_ENTRIES}",
                     input.ident
                 ))
-                .with_span(ident),
+                .with_span(*field_ident),
             );
         }
 
         let (name, name_span) = match &field.name {
             Some(name) => (name.as_str().to_owned(), name.span()),
-            None => (lower_camel_case(&ident.to_string()), ident.span()),
+            None => (
+                lower_camel_case(&field_ident.to_string()),
+                field_ident.span(),
+            ),
         };
         if let Err(message) = check_attribute_name(&name) {
             let message = match field.name {
@@ -127,7 +136,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
             errors.push(darling::Error::custom(message).with_span(&name_span));
             continue;
         }
-        if let Some(first) = names.insert(name.clone(), ident) {
+        if let Some(first) = names.insert(name.clone(), field_ident) {
             errors.push(
                 darling::Error::custom(format!(
                     "attribute name `{name}` is already used by field `{first}`"
@@ -195,6 +204,23 @@ fn role(field: &Field) -> darling::Result<Option<Role>> {
     } else {
         Role::Attribute
     }))
+}
+
+/// `tokens` with every span, nested ones included, set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner = Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }
 
 /// Whether `tokens` name one of the struct's type parameters, so that the field's trait

@@ -23,8 +23,10 @@ struct Input {
     generics: syn::Generics,
     data: ast::Data<Ignored, Field>,
     attrs: Vec<Attribute>,
-    api_version: SpannedValue<String>,
-    kind: SpannedValue<String>,
+    /// Required; optional here to report its absence with an example.
+    api_version: Option<SpannedValue<String>>,
+    /// Required; optional here to report its absence with an example.
+    kind: Option<SpannedValue<String>>,
     /// `hooks = false`: the type has no normalize/validate logic; write the empty impl.
     hooks: Option<bool>,
     /// Path of the dra-sdk crate, for users who renamed or re-export it.
@@ -45,21 +47,33 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
 
 fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
     let input = Input::from_derive_input(input)?;
+    let (Some(api_version), Some(kind)) = (&input.api_version, &input.kind) else {
+        let missing = match (&input.api_version, &input.kind) {
+            (None, None) => "apiVersion and kind",
+            (None, Some(_)) => "apiVersion",
+            _ => "kind",
+        };
+        return Err(darling::Error::custom(format!(
+            "an opaque config needs its {missing}: add #[dra(api_version = \"<group>/<version>\", \
+             kind = \"<Kind>\")], for example #[dra(api_version = \"gpu.example.com/v1\", \
+             kind = \"GpuConfig\")]"
+        ))
+        .with_span(&input.ident));
+    };
     let mut errors = darling::Error::accumulator();
-    if let Err(message) = check_api_version(&input.api_version) {
-        errors.push(darling::Error::custom(message).with_span(&input.api_version.span()));
+    if let Err(message) = check_api_version(api_version) {
+        errors.push(darling::Error::custom(message).with_span(&api_version.span()));
     }
-    if let Err(message) = check_kind(&input.kind) {
-        errors.push(darling::Error::custom(message).with_span(&input.kind.span()));
+    if let Err(message) = check_kind(kind) {
+        errors.push(darling::Error::custom(message).with_span(&kind.span()));
     }
     errors.handle(check_type_fields(&input));
     errors.finish()?;
+    let (api_version, kind) = (api_version.as_str(), kind.as_str());
 
     let krate = input.krate.unwrap_or_else(|| syn::parse_quote!(::dra_sdk));
     let ident = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
-    let api_version = input.api_version.as_str();
-    let kind = input.kind.as_str();
     // Spanned to the type name, so that a missing `ConfigHooks` impl or `Deserialize` derive
     // is reported on the type rather than on the derive.
     let config_trait = quote_spanned!(ident.span()=> #krate::config::OpaqueConfig);
@@ -169,7 +183,8 @@ struct SerdeItem {
 fn serde_items(attrs: &[Attribute]) -> Vec<SerdeItem> {
     let mut items = Vec::new();
     for attr in attrs.iter().filter(|attr| attr.path().is_ident("serde")) {
-        let parsed = attr.parse_nested_meta(|meta| {
+        // Malformed serde attributes are serde's to report, with its own message.
+        let _ = attr.parse_nested_meta(|meta| {
             let key = meta
                 .path
                 .get_ident()
@@ -217,8 +232,6 @@ fn serde_items(attrs: &[Attribute]) -> Vec<SerdeItem> {
             }
             Ok(())
         });
-        // Malformed serde attributes are serde's to report, with its own message.
-        drop(parsed);
     }
     items
 }

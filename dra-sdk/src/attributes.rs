@@ -165,10 +165,9 @@ impl Version {
         let core_end = trimmed.find(['-', '+']).unwrap_or(trimmed.len());
         let (core, suffix) = trimmed.split_at(core_end);
         let mut parts = [0u64; 3];
-        let mut count = 0;
-        for component in core.split('.') {
+        for (index, component) in core.split('.').enumerate() {
             let slot = parts
-                .get_mut(count)
+                .get_mut(index)
                 .ok_or_else(|| malformed("more than three numeric components"))?;
             if component.is_empty() || !component.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(malformed("expected one to three numeric components"));
@@ -176,7 +175,6 @@ impl Version {
             *slot = component
                 .parse()
                 .map_err(|_| malformed("numeric component does not fit in 64 bits"))?;
-            count += 1;
         }
         let [major, minor, patch] = parts;
         Self::parse(&format!("{major}.{minor}.{patch}{suffix}")).map_err(|error| match error {

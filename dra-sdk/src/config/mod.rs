@@ -9,7 +9,8 @@
 //! 1. `apiVersion` and `kind` select the registered type (an error lists what is accepted);
 //! 2. the rest of the object is decoded **strictly**: unknown fields are rejected whatever
 //!    serde attributes the type uses, and errors carry the JSON path of the bad field
-//!    (`sharing.timeSlicingConfig.interval: unknown variant ...`);
+//!    (`sharing.timeSlicingConfig.interval: unknown variant ...`), and an unknown field comes
+//!    with the closest declared one (`did you mean ...`);
 //! 3. [`ConfigHooks::normalize`] fills in defaults, [`ConfigHooks::validate`] checks the result;
 //! 4. the value is converted into `C` with `Into`. Older versions of a kind convert into the
 //!    newest one this way, the way Kubernetes APIs evolve.
@@ -62,7 +63,8 @@
 //!     .unwrap_err();
 //! assert_eq!(
 //!     error.to_string(),
-//!     "invalid GpuConfig (gpu.example.com/v1): unknown field `timeSlices`",
+//!     "invalid GpuConfig (gpu.example.com/v1): unknown field `timeSlices` \
+//!      (did you mean `timeSlice`?)",
 //! );
 //! # Ok::<(), dra_sdk::config::ConfigError>(())
 //! ```
