@@ -483,9 +483,7 @@ impl<T: AttributeListItem, const N: usize> ToAttributeValue for [T; N] {
 
 impl ToCapacity for Quantity {
     fn to_capacity(&self) -> Option<DeviceCapacity> {
-        Some(DeviceCapacity {
-            value: self.clone(),
-        })
+        Some(DeviceCapacity::new(self.0.clone()))
     }
 }
 
