@@ -55,6 +55,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod attributes;
 pub mod cdi;
 pub mod checkpoint;
 pub mod claims;
@@ -86,3 +87,6 @@ pub struct ReadmeDoctests;
 pub use k8s_openapi;
 pub use kube;
 pub use tonic;
+
+/// Derive macros, documented in their traits' modules.
+pub use dra_sdk_derive::{DeviceAttributes, OpaqueConfig};
