@@ -98,23 +98,23 @@ impl ConfigHooks for GpuConfig {
 
     fn validate(&self) -> Result<(), ConfigValidationError> {
         let Some(sharing) = &self.sharing else {
-            return Err(ConfigValidationError::new("sharing", "is required"));
+            return Err(ConfigValidationError::for_field("sharing", "is required"));
         };
         match sharing.strategy {
             SharingStrategy::TimeSlicing if sharing.space_partitioning_config.is_some() => Err(
-                ConfigValidationError::new(
+                ConfigValidationError::for_field(
                     "sharing.spacePartitioningConfig",
                     "must not be set with strategy TimeSlicing",
                 ),
             ),
             SharingStrategy::SpacePartitioning if sharing.time_slicing_config.is_some() => Err(
-                ConfigValidationError::new(
+                ConfigValidationError::for_field(
                     "sharing.timeSlicingConfig",
                     "must not be set with strategy SpacePartitioning",
                 ),
             ),
             SharingStrategy::SpacePartitioning => match &sharing.space_partitioning_config {
-                Some(space) if space.partition_count < 1 => Err(ConfigValidationError::new(
+                Some(space) if space.partition_count < 1 => Err(ConfigValidationError::for_field(
                     "sharing.spacePartitioningConfig.partitionCount",
                     format!("must be at least 1, got {}", space.partition_count),
                 )),
