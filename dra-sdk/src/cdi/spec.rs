@@ -463,10 +463,11 @@ impl Spec {
         let text = document.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(document);
         if text.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
             match Spec::from_json(text) {
-                Err(CdiError::Parse {
-                    message: _,
-                    format: SpecFormat::Json,
-                }) if !is_well_formed_json(text) => Spec::from_yaml(text),
+                // YAML flow style (`{kind: v.com/d, ...}`) is valid YAML but not JSON. When YAML
+                // fails too, the JSON error is the one that describes what the author meant.
+                Err(json_err @ CdiError::Parse { .. }) if !is_well_formed_json(text) => {
+                    Spec::from_yaml(text).map_err(|_| json_err)
+                }
                 result => result,
             }
         } else {
@@ -634,5 +635,150 @@ fn insert_new(map: &mut BTreeMap<String, String>, key: String, value: String) ->
             None
         }
         Entry::Occupied(slot) => Some(slot.key().clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"{"cdiVersion":"0.3.0","kind":"vendor.com/device","devices":[{"name":"dev","containerEdits":{"env":["A=1"]}}]}"#;
+
+    fn parse_err(document: &str) -> String {
+        Spec::parse(document.as_bytes()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn compact_json_round_trips_byte_for_byte() {
+        let spec = Spec::parse(MINIMAL.as_bytes()).unwrap();
+        assert_eq!(String::from_utf8(spec.to_json().unwrap()).unwrap(), MINIMAL);
+    }
+
+    #[test]
+    fn unknown_fields_are_errors_at_every_level() {
+        for document in [
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[],"extra":1}"#,
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{},"x":1}]}"#,
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{"deviceNodes":[{"path":"/d","devicePath":"/x"}]}}]}"#,
+            r#"{"cdiVersion":"0.7.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{"intelRdt":{"enableCMT":true}}}]}"#,
+        ] {
+            let err = parse_err(document);
+            assert!(err.contains("unknown field"), "{err}");
+        }
+        // The path of the offending field is in the message.
+        let err = parse_err(
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{"mounts":[{"hostPath":"/a","containerPath":"/b","flags":1}]}}]}"#,
+        );
+        assert!(err.contains("devices[0].containerEdits.mounts[0]"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_keys_are_errors_in_json_and_yaml() {
+        let json = r#"{"cdiVersion":"0.3.0","cdiVersion":"0.3.0","kind":"v.com/d","devices":[]}"#;
+        assert!(
+            parse_err(json).contains("duplicate field"),
+            "{}",
+            parse_err(json)
+        );
+        let json = r#"{"cdiVersion":"0.6.0","kind":"v.com/d","annotations":{"a":"1","a":"2"},"devices":[]}"#;
+        assert!(
+            parse_err(json).contains("duplicate annotation key"),
+            "{}",
+            parse_err(json)
+        );
+        let yaml =
+            "cdiVersion: 0.6.0\nkind: v.com/d\nannotations:\n  a: '1'\n  a: '2'\ndevices: []\n";
+        assert!(parse_err(yaml).contains("duplicate"), "{}", parse_err(yaml));
+        let yaml = "cdiVersion: 0.3.0\nkind: v.com/d\nkind: v.com/e\ndevices: []\n";
+        assert!(parse_err(yaml).contains("duplicate"), "{}", parse_err(yaml));
+    }
+
+    #[test]
+    fn empty_and_null_documents() {
+        for document in ["", "   \n", "null", "---\n", "~"] {
+            assert!(
+                matches!(Spec::parse(document.as_bytes()), Err(CdiError::Empty)),
+                "{document:?}: {:?}",
+                Spec::parse(document.as_bytes())
+            );
+        }
+        assert!(parse_err("{}").contains("missing field"));
+    }
+
+    #[test]
+    fn yaml_reads_like_json_and_null_means_unset() {
+        let yaml = "\u{feff}---\ncdiVersion: v0.5.0\nkind: vendor.com/device\ncontainerEdits:\n  env:\n  hooks: ~\ndevices:\n  - name: \"0\"\n    annotations:\n    containerEdits:\n      deviceNodes:\n        - path: /dev/card0\n          hostPath: /dev/dri/card0\n          type: \"\"\n          major: 226\n          fileMode: 8630\n";
+        let spec = Spec::parse(yaml.as_bytes()).unwrap();
+        assert_eq!(spec.version, Version::V0_5_0);
+        assert!(spec.container_edits.is_empty());
+        let node = &spec.devices[0].container_edits.device_nodes[0];
+        assert_eq!(node.device_type, None);
+        assert_eq!(node.major, 226);
+        assert_eq!(node.file_mode, Some(8630));
+        // JSON input of the same content gives the same spec.
+        let again = Spec::parse(&spec.to_json().unwrap()).unwrap();
+        assert_eq!(again, spec);
+    }
+
+    #[test]
+    fn json_like_yaml_falls_back_to_yaml() {
+        let flow = "{cdiVersion: 0.3.0, kind: v.com/d, devices: [{name: d, containerEdits: {env: [A=1]}}]}";
+        assert_eq!(Spec::parse(flow.as_bytes()).unwrap().devices[0].name, "d");
+    }
+
+    #[test]
+    fn omitted_fields_follow_omitempty() {
+        let spec = Spec::new("v.com/d".parse().unwrap()).device(Device::new(
+            "d",
+            ContainerEdits::new()
+                .device_node(DeviceNode::new("/dev/x").major(0).minor(0))
+                .hook(Hook::new(HookName::Poststop, "/bin/h"))
+                .mount(Mount::new("/a", "/b"))
+                .net_device(NetDevice::new("eth0", "net0"))
+                .intel_rdt(IntelRdt::new()),
+        ));
+        let json = String::from_utf8(spec.to_json().unwrap()).unwrap();
+        assert_eq!(
+            json,
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{"deviceNodes":[{"path":"/dev/x"}],"netDevices":[{"hostInterfaceName":"eth0","name":"net0"}],"hooks":[{"hookName":"poststop","path":"/bin/h"}],"mounts":[{"hostPath":"/a","containerPath":"/b"}],"intelRdt":{}}}]}"#
+        );
+    }
+
+    #[test]
+    fn typed_fields_reject_unknown_values() {
+        let node = |t: &str| {
+            format!(
+                r#"{{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{{"name":"d","containerEdits":{{"deviceNodes":[{{"path":"/d","type":"{t}"}}]}}}}]}}"#
+            )
+        };
+        for t in ["b", "c", "u", "p", ""] {
+            assert!(Spec::parse(node(t).as_bytes()).is_ok(), "{t}");
+        }
+        let err = parse_err(&node("x"));
+        assert!(
+            err.contains("devices[0].containerEdits.deviceNodes[0].type"),
+            "{err}"
+        );
+        assert!(err.contains("unknown device node type \"x\""), "{err}");
+
+        let err = parse_err(
+            r#"{"cdiVersion":"0.3.0","kind":"v.com/d","devices":[{"name":"d","containerEdits":{"hooks":[{"hookName":"preStart","path":"/h"}]}}]}"#,
+        );
+        assert!(err.contains("hookName"), "{err}");
+        let err = parse_err(r#"{"cdiVersion":"2.0.0","kind":"v.com/d","devices":[]}"#);
+        assert!(err.contains("unknown CDI version \"2.0.0\""), "{err}");
+        let err = parse_err(r#"{"cdiVersion":"0.3.0","kind":"v.com/d/e","devices":[]}"#);
+        assert!(err.contains("invalid CDI class name"), "{err}");
+    }
+
+    #[test]
+    fn explicit_empty_schemata_survives_a_round_trip() {
+        let spec = Spec::new("v.com/d".parse().unwrap()).device(Device::new(
+            "d",
+            ContainerEdits::new().intel_rdt(IntelRdt::new().schemata(Vec::<String>::new())),
+        ));
+        assert_eq!(spec.minimum_version(), Version::V1_1_0);
+        let again = Spec::parse_unvalidated(&spec.to_json().unwrap()).unwrap();
+        assert_eq!(again, spec);
     }
 }
