@@ -22,7 +22,7 @@ const TIME_BUDGET: Duration = Duration::from_secs(3);
 /// middle of the bytes).
 fn claim_devices(round: u64) -> Vec<ClaimDevice> {
     let devices = 8 + (round % 8) as usize;
-    let vars_per_device = if round % 2 == 0 { 1 } else { 100 };
+    let vars_per_device = if round.is_multiple_of(2) { 1 } else { 100 };
     (0..devices)
         .map(|device| {
             let mut edits = ContainerEdits::new()
@@ -67,7 +67,7 @@ fn check_visible_specs(dir: &Path) -> (usize, usize) {
         if name.ends_with(".json") || name.ends_with(".yaml") {
             let spec = Spec::read_file(&path)
                 .unwrap_or_else(|err| panic!("a runtime would see a broken spec: {err}"));
-
+            assert!(spec.devices.len() >= 8, "{}", path.display());
             specs += 1;
         } else {
             assert!(

@@ -238,11 +238,12 @@ impl SpecWriter {
             let stale = modified
                 .and_then(|modified| now.duration_since(modified).ok())
                 .is_some_and(|age| age >= STALE_TEMP_AGE);
-            if stale || !keep(&claim_uid) {
-                if let Err(err) = remove_if_exists(&path) {
-                    tracing::warn!(claim_uid, error = %err, "cannot remove stale temporary CDI spec");
-                    first_error.get_or_insert(err);
-                }
+            if !stale && keep(&claim_uid) {
+                continue;
+            }
+            if let Err(err) = remove_if_exists(&path) {
+                tracing::warn!(claim_uid, error = %err, "cannot remove stale temporary CDI spec");
+                first_error.get_or_insert(err);
             }
         }
         match first_error {

@@ -116,7 +116,8 @@ fn validate_edits(edits: &ContainerEdits, device: Option<&str>) -> Result<(), Cd
 
 fn validate_env(env: &[String], device: Option<&str>, field: &str) -> Result<(), CdiError> {
     for (index, entry) in env.iter().enumerate() {
-        if !entry.find('=').is_some_and(|at| at > 0) {
+        // `=` at index 0 (an empty key) is as wrong as no `=` at all.
+        if entry.find('=').is_none_or(|at| at == 0) {
             return Err(invalid(
                 device,
                 format!("{field}[{index}]"),
