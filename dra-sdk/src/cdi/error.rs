@@ -168,3 +168,31 @@ impl fmt::Display for SpecFormat {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_cross_threads_and_boxes() {
+        fn assert_error<E: std::error::Error + Send + Sync + 'static>() {}
+        assert_error::<CdiError>();
+    }
+
+    #[test]
+    fn spec_errors_name_the_scope() {
+        let device = CdiError::InvalidSpec {
+            device: Some("gpu-0".to_owned()),
+            field: "containerEdits.env[0]".to_owned(),
+            reason: "bad".to_owned(),
+        };
+        assert_eq!(
+            device.to_string(),
+            r#"invalid CDI spec: device "gpu-0": containerEdits.env[0]: bad"#
+        );
+        assert_eq!(
+            CdiError::spec("devices", "empty").to_string(),
+            "invalid CDI spec: devices: empty"
+        );
+    }
+}
