@@ -1,12 +1,92 @@
 //! dra-sdk: build Kubernetes Dynamic Resource Allocation (DRA) kubelet plugins in Rust.
+//!
+//! A DRA driver's kubelet plugin publishes the node's devices as ResourceSlices, registers with
+//! the kubelet, prepares allocated ResourceClaims when pods start and turns them into CDI specs
+//! the container runtime applies. This crate does all of that; a driver implements one small
+//! async trait, [`Driver`](driver::Driver), and sees only typed, resolved data.
+//!
+//! ```no_run
+//! use dra_sdk::cdi::ContainerEdits;
+//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+//! use dra_sdk::plugin::KubeletPlugin;
+//! use dra_sdk::slices::{Device, DriverResources};
+//!
+//! struct Echo;
+//!
+//! #[async_trait::async_trait]
+//! impl Driver for Echo {
+//!     type Config = ();
+//!
+//!     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+//!         let devices = claim.devices.iter().map(|device| {
+//!             PreparedDevice::new(device, ContainerEdits::new().env("ECHO_DEVICE", &device.device))
+//!         });
+//!         Ok(PreparedClaim::new(devices.collect()))
+//!     }
+//!
+//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # async fn main_() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = kube::Client::try_default().await?;
+//! let devices = (0..4).map(|i| Device::new(format!("echo-{i}"))).collect();
+//! KubeletPlugin::builder(Echo, "echo.example.com", "node-a", client)
+//!     .resources(DriverResources::single_pool("node-a", devices))
+//!     .start()
+//!     .await?
+//!     .run_until_signal()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Modules, one concept each:
+//! - [`driver`]: the trait and the types a driver sees;
+//! - [`plugin`]: sockets, registration, the DRA gRPC services, the run loop;
+//! - [`config`]: opaque claim configuration, decoded strictly into the driver's types;
+//! - [`checkpoint`]: durable record of prepared claims;
+//! - [`cdi`]: CDI spec types, validation and per-claim spec files;
+//! - [`slices`]: the device model and the ResourceSlice publisher;
+//! - [`health`]: device health for the kubelet's health stream;
+//! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
+//! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`).
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod attributes;
 pub mod cdi;
 pub mod checkpoint;
+pub mod claims;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod config;
+pub mod driver;
+pub mod health;
+mod metrics;
 pub mod plugin;
 pub mod proto;
 pub mod slices;
 #[cfg(feature = "testing")]
 pub mod testing;
+
+/// Default kubelet plugin registry directory.
+pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Default kubelet plugins directory (the plugin's sockets and data go to `<dir>/<driver>`).
+pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+/// Default CDI spec directory: per boot (tmpfs) on most nodes.
+pub const DEFAULT_CDI_ROOT: &str = "/var/run/cdi";
+
+/// The README's examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+// Versions of the crates in the public API, so drivers can use exactly these.
+pub use k8s_openapi;
+pub use kube;
+pub use tonic;
+
+/// Derive macros, documented in their traits' modules.
+pub use dra_sdk_derive::{DeviceAttributes, OpaqueConfig};

@@ -1,5 +1,670 @@
 //! The kubelet plugin: sockets, registration, the DRA gRPC services and the run loop.
+//!
+//! [`KubeletPlugin::builder`] takes a [`Driver`] and everything the plugin needs to reach the
+//! kubelet and the API server; [`PluginBuilder::start`] brings it up in the order the kubelet
+//! expects:
+//!
+//! 1. open the checkpoint, roll back prepares interrupted by a crash, remove orphaned CDI specs;
+//! 2. serve the DRA service (v1, v1beta1, and health when the driver reports it) on
+//!    `<plugins dir>/<driver>/dra.sock`;
+//! 3. only then create the registration socket in the kubelet's registry directory;
+//! 4. publish the driver's ResourceSlices, serve `/metrics` and `/healthz`.
+//!
+//! [`KubeletPlugin::shutdown`] (or [`KubeletPlugin::run_until_signal`] on SIGTERM/SIGINT)
+//! removes the registration socket first, so the kubelet deregisters the plugin before its
+//! service goes away, then stops everything else. ResourceSlices are left in place: the
+//! kubelet wipes them if the plugin stays away, and a restarted plugin finds them unchanged.
 
-pub mod authority;
+mod authority;
+mod client;
+mod dra;
+mod locks;
+mod node;
 pub mod registration;
 pub mod socket;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::cdi::{Kind, SpecWriter};
+use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::claims::{ClaimReader, ReadPolicy};
+use crate::driver::{Driver, PluginEvent};
+use crate::metrics::{self, HealthProbe, PluginMetrics};
+use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
+
+pub(crate) use client::unix_channel;
+pub use registration::RegistrationStatus;
+pub use socket::SocketPaths;
+
+use self::dra::{DraV1, DraV1beta1, HealthService};
+use self::locks::ClaimLocks;
+use self::node::NodeService;
+use self::registration::RegistrationService;
+use self::socket::SocketError;
+
+/// Why the plugin could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PluginError {
+    /// A socket could not be set up or removed.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The checkpoint could not be opened or written.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+    /// A setting is invalid.
+    #[error("invalid plugin setting: {0}")]
+    InvalidSetting(String),
+    /// Filesystem or network I/O failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the plugin was doing.
+        context: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A gRPC server failed.
+    #[error("gRPC server on {socket}: {source}")]
+    Server {
+        /// Which socket or port.
+        socket: String,
+        /// The transport error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> PluginError {
+    let context = context.into();
+    move |source| PluginError::Io { context, source }
+}
+
+/// Entry point: see [`KubeletPlugin::builder`].
+pub struct KubeletPlugin {
+    paths: SocketPaths,
+    registration: watch::Receiver<RegistrationStatus>,
+    publisher: Option<PublisherHandle>,
+    http_addr: Option<SocketAddr>,
+    healthcheck_addr: Option<SocketAddr>,
+    registration_shutdown: CancellationToken,
+    services_shutdown: CancellationToken,
+    registration_task: Option<tokio::task::JoinHandle<Result<(), PluginError>>>,
+    tasks: JoinSet<Result<(), PluginError>>,
+}
+
+impl std::fmt::Debug for KubeletPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletPlugin")
+            .field("paths", &self.paths)
+            .field("http_addr", &self.http_addr)
+            .field("healthcheck_addr", &self.healthcheck_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and starts a [`KubeletPlugin`].
+pub struct PluginBuilder<D: Driver> {
+    driver: D,
+    driver_name: String,
+    node_name: String,
+    client: kube::Client,
+    registrar_dir: PathBuf,
+    plugins_dir: PathBuf,
+    cdi_root: PathBuf,
+    cdi_kind: Option<Kind>,
+    pod_uid: Option<String>,
+    boot_id: Option<String>,
+    http_endpoint: Option<SocketAddr>,
+    healthcheck_port: Option<u16>,
+    resources: Option<DriverResources>,
+    health_resend_interval: Duration,
+    read_policy: ReadPolicy,
+}
+
+impl KubeletPlugin {
+    /// Starts configuring a plugin for `driver`, registered as `driver_name` on `node_name`.
+    ///
+    /// ```no_run
+    /// # use dra_sdk::plugin::KubeletPlugin;
+    /// # async fn run(driver: impl dra_sdk::driver::Driver, client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let plugin = KubeletPlugin::builder(driver, "gpu.example.com", "node-a", client)
+    ///     .start()
+    ///     .await?;
+    /// plugin.run_until_signal().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder<D: Driver>(
+        driver: D,
+        driver_name: impl Into<String>,
+        node_name: impl Into<String>,
+        client: kube::Client,
+    ) -> PluginBuilder<D> {
+        PluginBuilder {
+            driver,
+            driver_name: driver_name.into(),
+            node_name: node_name.into(),
+            client,
+            registrar_dir: PathBuf::from(crate::DEFAULT_REGISTRAR_DIR),
+            plugins_dir: PathBuf::from(crate::DEFAULT_PLUGINS_DIR),
+            cdi_root: PathBuf::from(crate::DEFAULT_CDI_ROOT),
+            cdi_kind: None,
+            pod_uid: None,
+            boot_id: None,
+            http_endpoint: None,
+            healthcheck_port: None,
+            resources: None,
+            health_resend_interval: Duration::from_secs(10),
+            read_policy: ReadPolicy::default(),
+        }
+    }
+
+    /// The plugin's socket paths.
+    pub fn socket_paths(&self) -> &SocketPaths {
+        &self.paths
+    }
+
+    /// The kubelet's latest verdict on the registration.
+    pub fn registration_status(&self) -> watch::Receiver<RegistrationStatus> {
+        self.registration.clone()
+    }
+
+    /// The ResourceSlice publisher, when the plugin was given resources to publish.
+    pub fn publisher(&self) -> Option<&PublisherHandle> {
+        self.publisher.as_ref()
+    }
+
+    /// Where `/metrics` and `/healthz` are served, if enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Where the gRPC health service for liveness probes listens, if enabled.
+    pub fn healthcheck_addr(&self) -> Option<SocketAddr> {
+        self.healthcheck_addr
+    }
+
+    /// Runs until SIGTERM or SIGINT, or until a component fails, then shuts down cleanly.
+    pub async fn run_until_signal(mut self) -> Result<(), PluginError> {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(io_error("installing the SIGTERM handler"))?;
+        let failure = tokio::select! {
+            _ = terminate.recv() => { tracing::info!("SIGTERM received, shutting down"); None }
+            _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT received, shutting down"); None }
+            failure = self.wait_for_failure() => Some(failure),
+        };
+        let shutdown = self.shutdown().await;
+        match failure {
+            Some(error) => Err(error),
+            None => shutdown,
+        }
+    }
+
+    /// Resolves when a background component fails (it never resolves otherwise).
+    async fn wait_for_failure(&mut self) -> PluginError {
+        loop {
+            match self.tasks.join_next().await {
+                Some(Ok(Ok(()))) => continue,
+                Some(Ok(Err(error))) => return error,
+                Some(Err(join_error)) => {
+                    return PluginError::Io {
+                        context: "a plugin task panicked".into(),
+                        source: std::io::Error::other(join_error.to_string()),
+                    };
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// Stops the plugin: the registration socket goes first, then the services and sockets.
+    /// ResourceSlices stay published.
+    pub async fn shutdown(mut self) -> Result<(), PluginError> {
+        let mut first_error = None;
+        self.registration_shutdown.cancel();
+        if let Some(task) = self.registration_task.take()
+            && let Ok(Err(error)) = task.await
+        {
+            first_error.get_or_insert(error);
+        }
+        if let Err(error) = socket::remove_socket(&self.paths.registration) {
+            first_error.get_or_insert(error.into());
+        }
+        self.services_shutdown.cancel();
+        while let Some(result) = self.tasks.join_next().await {
+            if let Ok(Err(error)) = result {
+                first_error.get_or_insert(error);
+            }
+        }
+        if let Err(error) = socket::remove_socket(&self.paths.dra) {
+            first_error.get_or_insert(error.into());
+        }
+        if let Some(publisher) = self.publisher.take() {
+            publisher.stop().await;
+        }
+        tracing::info!("plugin stopped");
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl<D: Driver> PluginBuilder<D> {
+    /// Directory the kubelet watches for registration sockets.
+    pub fn registrar_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.registrar_dir = dir.into();
+        self
+    }
+
+    /// Kubelet plugins directory; the plugin uses `<dir>/<driver name>/` for its DRA socket
+    /// and checkpoint.
+    pub fn plugins_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugins_dir = dir.into();
+        self
+    }
+
+    /// CDI spec directory read by the container runtime.
+    pub fn cdi_root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cdi_root = dir.into();
+        self
+    }
+
+    /// CDI kind of the generated specs. Default: `k8s.<driver name>/<first label of the driver
+    /// name>`, e.g. `k8s.gpu.example.com/gpu`.
+    pub fn cdi_kind(mut self, kind: Kind) -> Self {
+        self.cdi_kind = Some(kind);
+        self
+    }
+
+    /// Enables rolling-update mode with the plugin pod's UID.
+    pub fn pod_uid(mut self, pod_uid: impl Into<String>) -> Self {
+        self.pod_uid = Some(pod_uid.into());
+        self
+    }
+
+    /// Overrides the node's boot ID (normally read from the kernel); for tests.
+    pub fn boot_id(mut self, boot_id: impl Into<String>) -> Self {
+        self.boot_id = Some(boot_id.into());
+        self
+    }
+
+    /// Serves `/metrics` and `/healthz` on this address.
+    pub fn http_endpoint(mut self, addr: SocketAddr) -> Self {
+        self.http_endpoint = Some(addr);
+        self
+    }
+
+    /// Serves the gRPC health service on this TCP port (0 picks one).
+    pub fn healthcheck_port(mut self, port: u16) -> Self {
+        self.healthcheck_port = Some(port);
+        self
+    }
+
+    /// Publishes these resources as the node's ResourceSlices; update them later through
+    /// [`KubeletPlugin::publisher`].
+    pub fn resources(mut self, resources: DriverResources) -> Self {
+        self.resources = Some(resources);
+        self
+    }
+
+    /// How often the health stream re-sends an unchanged device list (default 10 s; the
+    /// kubelet treats a device as unknown after 30 s without news).
+    pub fn health_resend_interval(mut self, interval: Duration) -> Self {
+        self.health_resend_interval = interval;
+        self
+    }
+
+    /// Retry policy for ResourceClaim reads.
+    pub fn claim_read_policy(mut self, policy: ReadPolicy) -> Self {
+        self.read_policy = policy;
+        self
+    }
+
+    /// Applies the command-line flags.
+    #[cfg(feature = "cli")]
+    pub fn args(mut self, args: &crate::cli::PluginArgs) -> Result<Self, PluginError> {
+        self.registrar_dir = args.kubelet_registrar_directory_path.clone();
+        self.plugins_dir = args.kubelet_plugins_directory_path.clone();
+        self.cdi_root = args.cdi_root.clone();
+        self.pod_uid = args.pod_uid.clone().filter(|uid| !uid.is_empty());
+        self.http_endpoint = args
+            .http_endpoint()
+            .map_err(|e| PluginError::InvalidSetting(e.to_string()))?;
+        self.healthcheck_port = args
+            .healthcheck_port()
+            .map_err(|e| PluginError::InvalidSetting(e.to_string()))?;
+        Ok(self)
+    }
+
+    /// Starts the plugin. Must be called inside a tokio runtime.
+    pub async fn start(self) -> Result<KubeletPlugin, PluginError> {
+        let driver_name = self.driver_name.clone();
+        let span = tracing::info_span!("plugin", driver = %driver_name);
+        let _entered = span.enter();
+
+        let paths = SocketPaths::new(
+            &driver_name,
+            &self.registrar_dir,
+            &self.plugins_dir,
+            self.pod_uid.as_deref(),
+        )?;
+        let cdi_kind = match self.cdi_kind {
+            Some(kind) => kind,
+            None => default_cdi_kind(&driver_name)?,
+        };
+        let data_dir = self.plugins_dir.join(&driver_name);
+        std::fs::create_dir_all(&data_dir)
+            .map_err(io_error(format!("creating {}", data_dir.display())))?;
+        std::fs::create_dir_all(&self.cdi_root)
+            .map_err(io_error(format!("creating {}", self.cdi_root.display())))?;
+
+        let driver = Arc::new(self.driver);
+        let boot_id = match self.boot_id {
+            Some(id) => id,
+            None => crate::checkpoint::current_boot_id()?,
+        };
+        let (checkpoint, report) = Checkpoint::open(&data_dir, boot_id)?;
+        if let Some(moved_to) = report.corrupt_moved_to.clone() {
+            driver.on_event(&PluginEvent::CheckpointCorrupt { moved_to });
+        }
+        if report.discarded_other_boot {
+            driver.on_event(&PluginEvent::CheckpointFromOtherBoot);
+        }
+
+        let (plugin_metrics, registry) = PluginMetrics::new(&driver_name);
+        let health = driver.health();
+        let node = Arc::new(NodeService {
+            registry: driver.config_registry(),
+            driver: Arc::clone(&driver),
+            driver_name: driver_name.clone(),
+            reader: ClaimReader::new(self.client.clone(), self.read_policy),
+            checkpoint: Arc::new(checkpoint),
+            cdi: SpecWriter::new(self.cdi_root.clone(), cdi_kind),
+            locks: ClaimLocks::default(),
+            metrics: plugin_metrics,
+        });
+        node.recover().await?;
+
+        let services_shutdown = CancellationToken::new();
+        let registration_shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+
+        // DRA service first: the kubelet may call it as soon as registration succeeds.
+        let (health_reporter, grpc_health) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<crate::proto::dra_v1::dra_plugin_server::DraPluginServer<DraV1<D>>>()
+            .await;
+        health_reporter
+            .set_serving::<crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer<DraV1beta1<D>>>()
+            .await;
+        let dra_listener = socket::bind_private(&paths.dra)?;
+        let health_service = health.clone().map(|source| {
+            crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                HealthService {
+                    source,
+                    resend_interval: self.health_resend_interval,
+                },
+            )
+        });
+        let dra_router = tonic::transport::Server::builder()
+            .add_service(crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(
+                DraV1 {
+                    node: Arc::clone(&node),
+                },
+            ))
+            .add_service(
+                crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1 {
+                    node: Arc::clone(&node),
+                }),
+            )
+            .add_service(grpc_health)
+            .add_optional_service(health_service);
+        let dra_socket = paths.dra.display().to_string();
+        let token = services_shutdown.clone();
+        tasks.spawn(async move {
+            dra_router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::UnixListenerStream::new(dra_listener),
+                    token.cancelled_owned(),
+                )
+                .await
+                .map_err(|source| PluginError::Server {
+                    socket: dra_socket,
+                    source,
+                })
+        });
+
+        // Registration second.
+        let info = registration::plugin_info(&driver_name, &paths.dra, health.is_some());
+        let (registration_service, registration) = RegistrationService::new(info);
+        let registration_listener = socket::bind_private(&paths.registration)?;
+        let registration_socket = paths.registration.display().to_string();
+        let token = registration_shutdown.clone();
+        let registration_task = tokio::spawn(async move {
+            registration::serve_registration(
+                registration_listener,
+                registration_service,
+                token.cancelled_owned(),
+            )
+            .await
+            .map_err(|source| PluginError::Server {
+                socket: registration_socket,
+                source,
+            })
+        });
+        tasks.spawn(forward_registration_events(
+            registration.clone(),
+            Arc::clone(&driver),
+            services_shutdown.clone(),
+        ));
+        tracing::info!(
+            registration = %paths.registration.display(),
+            endpoint = %paths.dra.display(),
+            "plugin sockets ready"
+        );
+
+        let registry = Arc::new(Mutex::new(registry));
+        let publisher = self.resources.map(|resources| {
+            let handle =
+                ResourceSlicePublisher::for_node(self.client.clone(), &driver_name, &self.node_name)
+                    .spawn(resources);
+            if let Ok(mut registry) = registry.lock() {
+                handle.register_metrics(&mut registry);
+            }
+            handle
+        });
+
+        let probe = socket_probe(paths.clone());
+        let http_addr = match self.http_endpoint {
+            Some(addr) => {
+                let listener = metrics::bind_http(addr)
+                    .await
+                    .map_err(io_error(format!("binding the HTTP endpoint {addr}")))?;
+                let bound = listener
+                    .local_addr()
+                    .map_err(io_error("reading the HTTP endpoint address"))?;
+                let token = services_shutdown.clone();
+                let registry = Arc::clone(&registry);
+                let probe = Arc::clone(&probe);
+                tasks.spawn(async move {
+                    metrics::serve_http(listener, registry, probe, token.cancelled_owned())
+                        .await
+                        .map_err(io_error(format!("serving HTTP on {bound}")))
+                });
+                Some(bound)
+            }
+            None => None,
+        };
+        let healthcheck_addr = match self.healthcheck_port {
+            Some(port) => Some(
+                spawn_healthcheck(port, probe, services_shutdown.clone(), &mut tasks).await?,
+            ),
+            None => None,
+        };
+
+        drop(_entered);
+        Ok(KubeletPlugin {
+            paths,
+            registration,
+            publisher,
+            http_addr,
+            healthcheck_addr,
+            registration_shutdown,
+            services_shutdown,
+            registration_task: Some(registration_task),
+            tasks,
+        })
+    }
+}
+
+/// `k8s.<driver>/<first DNS label of the driver>`: the convention of the example drivers.
+fn default_cdi_kind(driver_name: &str) -> Result<Kind, PluginError> {
+    let class = driver_name.split('.').next().unwrap_or(driver_name);
+    Kind::new(format!("k8s.{driver_name}"), class).map_err(|error| {
+        PluginError::InvalidSetting(format!(
+            "no valid default CDI kind for driver {driver_name:?} ({error}); set one with cdi_kind()"
+        ))
+    })
+}
+
+/// Reports registration outcomes to the driver until the plugin stops.
+async fn forward_registration_events<D: Driver>(
+    mut status: watch::Receiver<RegistrationStatus>,
+    driver: Arc<D>,
+    shutdown: CancellationToken,
+) -> Result<(), PluginError> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            changed = status.changed() => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                let event = match &*status.borrow_and_update() {
+                    RegistrationStatus::Registered => PluginEvent::Registered,
+                    RegistrationStatus::Rejected { error } => {
+                        PluginEvent::RegistrationRejected { error: error.clone() }
+                    }
+                    RegistrationStatus::Pending => continue,
+                };
+                driver.on_event(&event);
+            }
+        }
+    }
+}
+
+/// Checks that both sockets answer real gRPC calls.
+fn socket_probe(paths: SocketPaths) -> HealthProbe {
+    Arc::new(move || {
+        let paths = paths.clone();
+        Box::pin(async move {
+            const TIMEOUT: Duration = Duration::from_secs(5);
+            let check = async {
+                let channel = client::unix_channel(&paths.registration)
+                    .await
+                    .map_err(|e| format!("registration socket: {e}"))?;
+                crate::proto::pluginregistration::registration_client::RegistrationClient::new(
+                    channel,
+                )
+                .get_info(crate::proto::pluginregistration::InfoRequest {})
+                .await
+                .map_err(|e| format!("registration socket GetInfo: {e}"))?;
+                let channel = client::unix_channel(&paths.dra)
+                    .await
+                    .map_err(|e| format!("DRA socket: {e}"))?;
+                let response = tonic_health::pb::health_client::HealthClient::new(channel)
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .map_err(|e| format!("DRA socket health check: {e}"))?;
+                if response.into_inner().status
+                    != tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                {
+                    return Err("DRA socket reports not serving".to_string());
+                }
+                Ok(())
+            };
+            tokio::time::timeout(TIMEOUT, check)
+                .await
+                .unwrap_or_else(|_| Err("sockets did not answer within 5 s".to_string()))
+        })
+    })
+}
+
+/// The gRPC health service for liveness probes: `Check` probes both sockets.
+struct SocketHealth {
+    probe: HealthProbe,
+}
+
+#[tonic::async_trait]
+impl tonic_health::pb::health_server::Health for SocketHealth {
+    async fn check(
+        &self,
+        _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<tonic::Response<tonic_health::pb::HealthCheckResponse>, tonic::Status> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        let status = match (self.probe)().await {
+            Ok(()) => ServingStatus::Serving,
+            Err(error) => {
+                tracing::warn!(%error, "health check failed");
+                ServingStatus::NotServing
+            }
+        };
+        Ok(tonic::Response::new(tonic_health::pb::HealthCheckResponse {
+            status: status as i32,
+        }))
+    }
+
+    type WatchStream = std::pin::Pin<
+        Box<
+            dyn futures::Stream<Item = Result<tonic_health::pb::HealthCheckResponse, tonic::Status>>
+                + Send,
+        >,
+    >;
+
+    async fn watch(
+        &self,
+        _request: tonic::Request<tonic_health::pb::HealthCheckRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "Watch is not supported by this health endpoint; use Check",
+        ))
+    }
+}
+
+async fn spawn_healthcheck(
+    port: u16,
+    probe: HealthProbe,
+    shutdown: CancellationToken,
+    tasks: &mut JoinSet<Result<(), PluginError>>,
+) -> Result<SocketAddr, PluginError> {
+    let listener = tokio::net::TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port))
+        .await
+        .map_err(io_error(format!("binding the health check port {port}")))?;
+    let addr = listener
+        .local_addr()
+        .map_err(io_error("reading the health check address"))?;
+    let server = tonic::transport::Server::builder().add_service(
+        tonic_health::pb::health_server::HealthServer::new(SocketHealth { probe }),
+    );
+    tasks.spawn(async move {
+        server
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                shutdown.cancelled_owned(),
+            )
+            .await
+            .map_err(|source| PluginError::Server {
+                socket: addr.to_string(),
+                source,
+            })
+    });
+    Ok(addr)
+}

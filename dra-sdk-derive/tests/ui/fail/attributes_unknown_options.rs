@@ -1,0 +1,12 @@
+use sdk::DeviceAttributes;
+
+#[derive(DeviceAttributes)]
+#[dra(crate = "sdk", domain = "gpu.example.com")]
+struct Gpu {
+    #[dra(capactiy)]
+    memory: u64,
+    #[dra(name = 5)]
+    index: i64,
+}
+
+fn main() {}

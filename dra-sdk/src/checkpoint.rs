@@ -1,1 +1,0 @@
-//! Durable record of prepared claims: versioned, checksummed, boot-scoped.

@@ -1,0 +1,481 @@
+//! Reading allocated ResourceClaims and resolving them for one driver.
+//!
+//! The kubelet sends only a claim's namespace, name and UID. For each claim the plugin issues
+//! one GET (all claims of a batch concurrently), checks that the object is the one the kubelet
+//! meant and that it is allocated, keeps the allocation results for this driver, and decodes
+//! the opaque configs that apply to each result. Watching all claims would save the GET but
+//! sends every claim event of the cluster to every node, which does not scale.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use kube::Api;
+
+use crate::config::{ConfigError, ConfigRegistry};
+use crate::driver::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource};
+
+/// Why a claim could not be read or resolved. Each variant fails only its claim.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The ResourceClaim does not exist (any more).
+    #[error("ResourceClaim {namespace}/{name} not found")]
+    NotFound {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// A claim with that name exists but is a different object (deleted and re-created).
+    #[error(
+        "ResourceClaim {namespace}/{name} was replaced: the kubelet asked for UID {expected}, the API server has UID {found}"
+    )]
+    Replaced {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// UID the kubelet sent.
+        expected: String,
+        /// UID found.
+        found: String,
+    },
+    /// The claim has no `status.allocation`.
+    #[error("ResourceClaim {namespace}/{name} is not allocated")]
+    NotAllocated {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// The API server could not be reached or answered an error, after retries.
+    #[error("reading ResourceClaim {namespace}/{name}: {source}")]
+    Api {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The last error.
+        #[source]
+        source: kube::Error,
+    },
+    /// An opaque config for this driver could not be decoded or is invalid.
+    #[error("{location}: {source}")]
+    Config {
+        /// Where the config sits, e.g. `status.allocation.devices.config[1] (from claim, requests [gpu])`.
+        location: String,
+        /// What is wrong with it.
+        #[source]
+        source: ConfigError,
+    },
+}
+
+impl ClaimError {
+    /// A short, stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ClaimError::NotFound { .. } => "claim_not_found",
+            ClaimError::Replaced { .. } => "claim_replaced",
+            ClaimError::NotAllocated { .. } => "claim_not_allocated",
+            ClaimError::Api { .. } => "api",
+            ClaimError::Config { .. } => "invalid_config",
+        }
+    }
+}
+
+/// Retry policy for claim reads.
+#[derive(Clone, Debug)]
+pub struct ReadPolicy {
+    /// Attempts in total, the first included.
+    pub attempts: u32,
+    /// Delay before the first retry; doubled each time, with jitter.
+    pub initial_backoff: Duration,
+    /// Upper bound of one delay.
+    pub max_backoff: Duration,
+    /// Give up retrying once this much time has passed since the first attempt; well inside the
+    /// kubelet's 45 s deadline for the whole call.
+    pub budget: Duration,
+}
+
+impl Default for ReadPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 6,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            budget: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Reads ResourceClaims with bounded retries of transient errors.
+#[derive(Clone)]
+pub(crate) struct ClaimReader {
+    client: kube::Client,
+    policy: ReadPolicy,
+}
+
+impl ClaimReader {
+    pub(crate) fn new(client: kube::Client, policy: ReadPolicy) -> Self {
+        Self { client, policy }
+    }
+
+    /// GETs the claim and checks its UID and allocation.
+    pub(crate) async fn read(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let started = Instant::now();
+        let mut backoff = self.policy.initial_backoff;
+        let mut attempt = 1;
+        let object = loop {
+            match api.get_opt(&claim.name).await {
+                Ok(Some(object)) => break object,
+                Ok(None) => {
+                    return Err(ClaimError::NotFound {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                    });
+                }
+                Err(error)
+                    if is_transient(&error)
+                        && attempt < self.policy.attempts
+                        && started.elapsed() + backoff < self.policy.budget =>
+                {
+                    tracing::debug!(claim = %claim, attempt, %error, "retrying claim read");
+                    // Full jitter keeps many plugins from retrying in lockstep after an outage.
+                    let jittered = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);
+                    tokio::time::sleep(jittered).await;
+                    backoff = (backoff * 2).min(self.policy.max_backoff);
+                    attempt += 1;
+                }
+                Err(source) => {
+                    return Err(ClaimError::Api {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        source,
+                    });
+                }
+            }
+        };
+        check_claim(claim, &object)?;
+        Ok(object)
+    }
+}
+
+/// Errors worth retrying: server-side trouble, throttling, and transport failures.
+fn is_transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
+}
+
+fn check_claim(claim: &ClaimRef, object: &ResourceClaim) -> Result<(), ClaimError> {
+    let found = object.metadata.uid.as_deref().unwrap_or_default();
+    if found != claim.uid {
+        return Err(ClaimError::Replaced {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            expected: claim.uid.clone(),
+            found: found.to_string(),
+        });
+    }
+    let allocated = object
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .is_some();
+    if !allocated {
+        return Err(ClaimError::NotAllocated {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Keeps the allocation results of `driver_name` and attaches the decoded configs.
+pub(crate) fn resolve<C: Send + Sync + 'static>(
+    claim: ClaimRef,
+    object: Arc<ResourceClaim>,
+    driver_name: &str,
+    registry: &ConfigRegistry<C>,
+) -> Result<Claim<C>, ClaimError> {
+    let Some(allocation) = object
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+    else {
+        return Err(ClaimError::NotAllocated {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        });
+    };
+    let Some(device_allocation) = allocation.devices.as_ref() else {
+        return Ok(Claim {
+            claim,
+            devices: Vec::new(),
+            resource_claim: object,
+        });
+    };
+
+    let configs = decode_configs(
+        device_allocation.config.as_deref().unwrap_or_default(),
+        driver_name,
+        registry,
+    )?;
+
+    let devices = device_allocation
+        .results
+        .iter()
+        .flatten()
+        .filter(|result| result.driver == driver_name)
+        .map(|result| {
+            let (request, subrequest) = split_request(&result.request);
+            let applied = configs
+                .iter()
+                .filter(|config| config.applies_to(&result.request, request))
+                .map(|config| config.applied.clone())
+                .collect();
+            AllocatedDevice {
+                request: request.to_string(),
+                subrequest: subrequest.map(str::to_string),
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                share_id: result.share_id.clone(),
+                consumed_capacity: result
+                    .consumed_capacity
+                    .clone()
+                    .map(|capacity| capacity.into_iter().collect::<BTreeMap<_, _>>())
+                    .unwrap_or_default(),
+                admin_access: result.admin_access.unwrap_or(false),
+                configs: applied,
+            }
+        })
+        .collect();
+
+    Ok(Claim {
+        claim,
+        devices,
+        resource_claim: object,
+    })
+}
+
+/// `gpu/large` -> (`gpu`, Some(`large`)): containers reference base request names.
+pub(crate) fn split_request(request: &str) -> (&str, Option<&str>) {
+    match request.split_once('/') {
+        Some((base, sub)) => (base, Some(sub)),
+        None => (request, None),
+    }
+}
+
+struct DecodedConfig<C> {
+    requests: Vec<String>,
+    applied: AppliedConfig<C>,
+}
+
+impl<C> DecodedConfig<C> {
+    /// Empty `requests` means every request; a base request name covers its subrequests.
+    fn applies_to(&self, full_request: &str, base_request: &str) -> bool {
+        self.requests.is_empty()
+            || self
+                .requests
+                .iter()
+                .any(|r| r == full_request || r == base_request)
+    }
+}
+
+/// Decodes the opaque configs addressed to this driver, class configs first, then claim
+/// configs, each group in declaration order, so "later wins" means claim over class.
+fn decode_configs<C: Send + Sync + 'static>(
+    configs: &[DeviceAllocationConfiguration],
+    driver_name: &str,
+    registry: &ConfigRegistry<C>,
+) -> Result<Vec<DecodedConfig<C>>, ClaimError> {
+    let mut decoded = Vec::new();
+    for (index, config) in configs.iter().enumerate() {
+        let Some(opaque) = config.opaque.as_ref() else {
+            continue;
+        };
+        if opaque.driver != driver_name {
+            continue;
+        }
+        let source = match config.source.as_str() {
+            "FromClass" => ConfigSource::Class,
+            _ => ConfigSource::Claim,
+        };
+        let requests = config.requests.clone().unwrap_or_default();
+        let value = registry
+            .decode(&opaque.parameters.0)
+            .map_err(|source_error| ClaimError::Config {
+                location: config_location(index, source, &requests),
+                source: source_error,
+            })?;
+        decoded.push(DecodedConfig {
+            requests,
+            applied: AppliedConfig {
+                source,
+                config: Arc::new(value),
+            },
+        });
+    }
+    // Stable: keeps declaration order inside each source.
+    decoded.sort_by_key(|config| match config.applied.source {
+        ConfigSource::Class => 0,
+        ConfigSource::Claim => 1,
+    });
+    Ok(decoded)
+}
+
+fn config_location(index: usize, source: ConfigSource, requests: &[String]) -> String {
+    let origin = match source {
+        ConfigSource::Class => "from device class",
+        ConfigSource::Claim => "from claim",
+    };
+    let scope = if requests.is_empty() {
+        "all requests".to_string()
+    } else {
+        format!("requests [{}]", requests.join(", "))
+    };
+    format!("opaque config #{index} ({origin}, {scope})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        OpaqueDeviceConfiguration, ResourceClaimStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+    use serde::Deserialize;
+
+    use crate::config::{ConfigHooks, OpaqueConfig};
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Sharing {
+        strategy: String,
+    }
+    impl ConfigHooks for Sharing {}
+    impl OpaqueConfig for Sharing {
+        const API_VERSION: &'static str = "gpu.example.com/v1";
+        const KIND: &'static str = "Sharing";
+    }
+
+    fn result(request: &str, driver: &str, device: &str) -> DeviceRequestAllocationResult {
+        DeviceRequestAllocationResult {
+            request: request.into(),
+            driver: driver.into(),
+            pool: "node-a".into(),
+            device: device.into(),
+            ..Default::default()
+        }
+    }
+
+    fn config(source: &str, requests: &[&str], driver: &str, strategy: &str) -> DeviceAllocationConfiguration {
+        DeviceAllocationConfiguration {
+            source: source.into(),
+            requests: (!requests.is_empty()).then(|| requests.iter().map(|r| r.to_string()).collect()),
+            opaque: Some(OpaqueDeviceConfiguration {
+                driver: driver.into(),
+                parameters: RawExtension(serde_json::json!({
+                    "apiVersion": "gpu.example.com/v1", "kind": "Sharing", "strategy": strategy
+                })),
+            }),
+        }
+    }
+
+    fn claim_with(
+        results: Vec<DeviceRequestAllocationResult>,
+        configs: Vec<DeviceAllocationConfiguration>,
+    ) -> Arc<ResourceClaim> {
+        let mut claim = ResourceClaim::default();
+        claim.metadata.uid = Some("uid-1".into());
+        claim.status = Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(results),
+                    config: Some(configs),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        Arc::new(claim)
+    }
+
+    fn claim_ref() -> ClaimRef {
+        ClaimRef {
+            uid: "uid-1".into(),
+            namespace: "ns".into(),
+            name: "c".into(),
+        }
+    }
+
+    #[test]
+    fn keeps_only_this_drivers_results_and_strips_subrequests() {
+        let object = claim_with(
+            vec![
+                result("gpu/large", "gpu.example.com", "gpu-0"),
+                result("nic", "net.example.com", "nic-0"),
+            ],
+            vec![],
+        );
+        let registry = ConfigRegistry::<Sharing>::new();
+        let claim = resolve(claim_ref(), object, "gpu.example.com", &registry).unwrap();
+        assert_eq!(claim.devices.len(), 1);
+        assert_eq!(claim.devices[0].request, "gpu");
+        assert_eq!(claim.devices[0].subrequest.as_deref(), Some("large"));
+    }
+
+    #[test]
+    fn claim_configs_override_class_configs_and_request_scoping_applies() {
+        let object = claim_with(
+            vec![
+                result("a", "gpu.example.com", "gpu-0"),
+                result("b/sub", "gpu.example.com", "gpu-1"),
+            ],
+            vec![
+                // Deliberately out of order: claim config listed before the class config.
+                config("FromClaim", &["b"], "gpu.example.com", "claim-b"),
+                config("FromClass", &[], "gpu.example.com", "class"),
+                config("FromClaim", &[], "other.example.com", "ignored"),
+            ],
+        );
+        let registry = ConfigRegistry::<Sharing>::new().register::<Sharing>();
+        let claim = resolve(claim_ref(), object, "gpu.example.com", &registry).unwrap();
+        assert_eq!(claim.devices[0].config().unwrap().strategy, "class");
+        assert_eq!(claim.devices[0].configs.len(), 1);
+        assert_eq!(claim.devices[1].config().unwrap().strategy, "claim-b");
+        assert_eq!(claim.devices[1].configs.len(), 2);
+    }
+
+    #[test]
+    fn config_errors_name_the_config() {
+        let mut bad = config("FromClaim", &["a"], "gpu.example.com", "x");
+        if let Some(opaque) = bad.opaque.as_mut() {
+            opaque.parameters = RawExtension(serde_json::json!({
+                "apiVersion": "gpu.example.com/v1", "kind": "Sharing", "strategy": "x", "bogus": 1
+            }));
+        }
+        let object = claim_with(vec![result("a", "gpu.example.com", "gpu-0")], vec![bad]);
+        let registry = ConfigRegistry::<Sharing>::new().register::<Sharing>();
+        let error = resolve(claim_ref(), object, "gpu.example.com", &registry).unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("opaque config #0 (from claim, requests [a])"), "{message}");
+        assert!(message.contains("bogus"), "{message}");
+    }
+
+    #[test]
+    fn uid_mismatch_and_missing_allocation_are_reported() {
+        let mut object = ResourceClaim::default();
+        object.metadata.uid = Some("other".into());
+        let error = check_claim(&claim_ref(), &object).unwrap_err();
+        assert!(matches!(error, ClaimError::Replaced { .. }), "{error}");
+        object.metadata.uid = Some("uid-1".into());
+        let error = check_claim(&claim_ref(), &object).unwrap_err();
+        assert!(matches!(error, ClaimError::NotAllocated { .. }), "{error}");
+    }
+}

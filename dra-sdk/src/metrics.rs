@@ -1,0 +1,233 @@
+//! Prometheus metrics of a running plugin, and the HTTP endpoint serving them with `/healthz`.
+//!
+//! Metrics (all labelled with `driver`):
+//! - `dra_prepare_claims_total`, `dra_unprepare_claims_total`: claims handled;
+//! - `dra_claim_errors_total{operation, kind}`: failed claims by error kind;
+//! - `dra_prepare_claim_duration_seconds`, `dra_unprepare_claim_duration_seconds`: per-request
+//!   latency histograms (a request carries a batch of claims);
+//! - `dra_requests_in_flight{operation}`: kubelet requests being served;
+//! - `dra_prepared_claims`: claims currently prepared on this node.
+//!
+//! The ResourceSlice publisher adds its own counters to the same registry.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Which kubelet operation a metric is about.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub(crate) enum Operation {
+    Prepare,
+    Unprepare,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: Operation,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    operation: Operation,
+    kind: Cow<'static, str>,
+}
+
+/// The plugin's metrics, shared by the gRPC handlers.
+pub(crate) struct PluginMetrics {
+    prepare_claims: Counter,
+    unprepare_claims: Counter,
+    errors: Family<ErrorLabels, Counter>,
+    prepare_duration: Histogram,
+    unprepare_duration: Histogram,
+    in_flight: Family<OperationLabels, Gauge>,
+    prepared_claims: Gauge,
+}
+
+impl PluginMetrics {
+    /// Creates the metrics and registers them under `dra_` with a `driver` label.
+    pub(crate) fn new(driver_name: &str) -> (Arc<Self>, Registry) {
+        let mut registry = Registry::with_prefix_and_labels(
+            "dra",
+            [(Cow::Borrowed("driver"), Cow::Owned(driver_name.to_string()))].into_iter(),
+        );
+        // 100 µs .. ~3.3 s: prepare is usually sub-millisecond, but a slow API server or a
+        // driver creating MIG devices can take seconds.
+        let buckets = || exponential_buckets(0.0001, 2.0, 16);
+        let metrics = Arc::new(Self {
+            prepare_claims: Counter::default(),
+            unprepare_claims: Counter::default(),
+            errors: Family::default(),
+            prepare_duration: Histogram::new(buckets()),
+            unprepare_duration: Histogram::new(buckets()),
+            in_flight: Family::default(),
+            prepared_claims: Gauge::default(),
+        });
+        registry.register(
+            "prepare_claims",
+            "Claims handled by NodePrepareResources",
+            metrics.prepare_claims.clone(),
+        );
+        registry.register(
+            "unprepare_claims",
+            "Claims handled by NodeUnprepareResources",
+            metrics.unprepare_claims.clone(),
+        );
+        registry.register(
+            "claim_errors",
+            "Claims that failed, by operation and error kind",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "prepare_claim_duration_seconds",
+            "Duration of NodePrepareResources requests",
+            metrics.prepare_duration.clone(),
+        );
+        registry.register(
+            "unprepare_claim_duration_seconds",
+            "Duration of NodeUnprepareResources requests",
+            metrics.unprepare_duration.clone(),
+        );
+        registry.register(
+            "requests_in_flight",
+            "Kubelet requests being served",
+            metrics.in_flight.clone(),
+        );
+        registry.register(
+            "prepared_claims",
+            "Claims currently prepared on this node",
+            metrics.prepared_claims.clone(),
+        );
+        (metrics, registry)
+    }
+
+    /// Tracks one kubelet request from start to drop.
+    pub(crate) fn request(self: &Arc<Self>, operation: Operation, claims: usize) -> RequestTimer {
+        match operation {
+            Operation::Prepare => self.prepare_claims.inc_by(claims as u64),
+            Operation::Unprepare => self.unprepare_claims.inc_by(claims as u64),
+        };
+        self.in_flight
+            .get_or_create(&OperationLabels { operation })
+            .inc();
+        RequestTimer {
+            metrics: Arc::clone(self),
+            operation,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn claim_error(&self, operation: Operation, kind: &'static str) {
+        self.errors
+            .get_or_create(&ErrorLabels {
+                operation,
+                kind: Cow::Borrowed(kind),
+            })
+            .inc();
+    }
+
+    pub(crate) fn set_prepared_claims(&self, count: usize) {
+        self.prepared_claims
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub(crate) fn add_prepared_claims(&self, delta: i64) {
+        self.prepared_claims.inc_by(delta);
+    }
+}
+
+/// Observes the duration and in-flight gauge of one request when dropped.
+pub(crate) struct RequestTimer {
+    metrics: Arc<PluginMetrics>,
+    operation: Operation,
+    started: std::time::Instant,
+}
+
+impl Drop for RequestTimer {
+    fn drop(&mut self) {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        match self.operation {
+            Operation::Prepare => self.metrics.prepare_duration.observe(elapsed),
+            Operation::Unprepare => self.metrics.unprepare_duration.observe(elapsed),
+        }
+        self.metrics
+            .in_flight
+            .get_or_create(&OperationLabels {
+                operation: self.operation,
+            })
+            .dec();
+    }
+}
+
+/// A probe that says whether the plugin's sockets answer.
+pub(crate) type HealthProbe =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+#[derive(Clone)]
+struct HttpState {
+    registry: Arc<Mutex<Registry>>,
+    probe: HealthProbe,
+}
+
+/// Serves `/metrics` (Prometheus text format) and `/healthz` on an already bound listener.
+pub(crate) async fn serve_http(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Mutex<Registry>>,
+    probe: HealthProbe,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz_handler))
+        .with_state(HttpState { registry, probe });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds the HTTP endpoint early so that a bad address fails the start, not a background task.
+pub(crate) async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+async fn metrics_handler(State(state): State<HttpState>) -> impl IntoResponse {
+    let mut body = String::new();
+    let encoded = {
+        let registry = state.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        prometheus_client::encoding::text::encode(&mut body, &registry)
+    };
+    match encoded {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("encoding metrics: {error}"),
+        ),
+    }
+}
+
+async fn healthz_handler(State(state): State<HttpState>) -> impl IntoResponse {
+    match (state.probe)().await {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error),
+    }
+}

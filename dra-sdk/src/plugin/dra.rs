@@ -1,0 +1,221 @@
+//! gRPC adapters: the kubelet's DRA node service in v1 and v1beta1, and the health stream.
+//!
+//! Both API versions carry the same messages (v1 adds `share_id`), so one macro generates the
+//! two adapters and both call the same [`NodeService`]. Conversion happens here, at the edge.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::driver::{ClaimRef, Driver};
+use crate::health::{DeviceHealth, HealthSource, HealthStatus};
+use crate::plugin::node::NodeService;
+use crate::proto::health_v1alpha1 as health_pb;
+
+/// The kubelet's claims as [`ClaimRef`]s (the `Claim` message is the same in every version).
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|claim| ClaimRef {
+                uid: claim.uid,
+                namespace: claim.namespace,
+                name: claim.name,
+            })
+            .collect()
+    };
+}
+
+/// Generates the adapter for one DRA API version, `crate::proto::$pb`. `$device` builds that
+/// version's `Device` defaults from a prepared device's optional share ID (v1beta1 has no
+/// such field, so it ignores it).
+macro_rules! dra_adapter {
+    ($adapter:ident, $pb:ident, $device:expr) => {
+        pub(crate) struct $adapter<D: Driver> {
+            pub(crate) node: Arc<NodeService<D>>,
+        }
+
+        #[tonic::async_trait]
+        // v1beta1 has no field beyond the four set here, so its struct update is a no-op.
+        #[allow(clippy::needless_update)]
+        impl<D: Driver> crate::proto::$pb::dra_plugin_server::DraPlugin for $adapter<D> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<crate::proto::$pb::NodePrepareResourcesRequest>,
+            ) -> Result<Response<crate::proto::$pb::NodePrepareResourcesResponse>, Status> {
+                use crate::proto::$pb as pb;
+                let claims = claim_refs!(request.into_inner().claims);
+                let results = self.node.prepare(claims).await;
+                let device_defaults: fn(Option<String>) -> pb::Device = $device;
+                let claims = results
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let response = match result {
+                            Ok(devices) => pb::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|device| pb::Device {
+                                        request_names: device.request_names,
+                                        pool_name: device.pool,
+                                        device_name: device.device,
+                                        cdi_device_ids: device.cdi_device_ids,
+                                        ..device_defaults(device.share_id)
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => pb::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, response)
+                    })
+                    .collect();
+                Ok(Response::new(pb::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<crate::proto::$pb::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<crate::proto::$pb::NodeUnprepareResourcesResponse>, Status> {
+                use crate::proto::$pb as pb;
+                let claims = claim_refs!(request.into_inner().claims);
+                let results = self.node.unprepare(claims).await;
+                let claims = results
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let error = result.err().unwrap_or_default();
+                        (uid, pb::NodeUnprepareResourceResponse { error })
+                    })
+                    .collect();
+                Ok(Response::new(pb::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
+}
+
+dra_adapter!(DraV1, dra_v1, |share_id| crate::proto::dra_v1::Device {
+    share_id,
+    ..Default::default()
+});
+dra_adapter!(DraV1beta1, dra_v1beta1, |_share_id| {
+    crate::proto::dra_v1beta1::Device::default()
+});
+
+/// Serves `NodeWatchResources` from a driver's [`HealthSource`].
+pub(crate) struct HealthService {
+    pub(crate) source: HealthSource,
+    /// Re-send interval without changes; well below the kubelet's 30 s staleness timeout.
+    pub(crate) resend_interval: Duration,
+}
+
+type HealthStream =
+    Pin<Box<dyn Stream<Item = Result<health_pb::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health_pb::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        let mut updates = self.source.subscribe();
+        let resend = self.resend_interval;
+        let stream = async_stream(move |sender| async move {
+            let mut ticker = tokio::time::interval(resend);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let devices = updates.borrow_and_update().clone();
+                if sender.send(Ok(health_response(&devices))).await.is_err() {
+                    return; // the kubelet went away
+                }
+                ticker.reset();
+                tokio::select! {
+                    changed = updates.changed() => {
+                        if changed.is_err() {
+                            // The driver dropped its reporter: nothing will change any more,
+                            // but keep re-sending the last state so it does not go stale.
+                            loop {
+                                ticker.tick().await;
+                                let devices = updates.borrow().clone();
+                                if sender.send(Ok(health_response(&devices))).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    _ = ticker.tick() => {}
+                }
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// A stream fed by a task; the task ends when the receiver is dropped.
+fn async_stream<F, Fut>(producer: F) -> HealthStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<health_pb::NodeWatchResourcesResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(producer(sender));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
+}
+
+/// The kubelet truncates longer messages itself; doing it here keeps the wire small.
+const MAX_HEALTH_MESSAGE: usize = 1024;
+
+fn health_response(devices: &[DeviceHealth]) -> health_pb::NodeWatchResourcesResponse {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    health_pb::NodeWatchResourcesResponse {
+        devices: devices
+            .iter()
+            .map(|device| health_pb::DeviceHealth {
+                device: Some(health_pb::DeviceIdentifier {
+                    pool_name: device.pool.clone(),
+                    device_name: device.device.clone(),
+                }),
+                health: match device.status {
+                    HealthStatus::Unknown => health_pb::HealthStatus::Unknown,
+                    HealthStatus::Healthy => health_pb::HealthStatus::Healthy,
+                    HealthStatus::Unhealthy => health_pb::HealthStatus::Unhealthy,
+                } as i32,
+                // Stamped at send time: the driver's source is alive, so the state is current.
+                last_updated_time: now,
+                health_check_timeout_seconds: device
+                    .timeout
+                    .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+                    .unwrap_or(0),
+                message: truncate(&device.message, MAX_HEALTH_MESSAGE),
+            })
+            .collect(),
+    }
+}
+
+fn truncate(message: &str, max_chars: usize) -> String {
+    match message.char_indices().nth(max_chars) {
+        Some((cut, _)) => message[..cut].to_string(),
+        None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_messages_are_truncated_on_char_boundaries() {
+        let long = "é".repeat(2000);
+        assert_eq!(truncate(&long, MAX_HEALTH_MESSAGE).chars().count(), 1024);
+        assert_eq!(truncate("short", MAX_HEALTH_MESSAGE), "short");
+    }
+}

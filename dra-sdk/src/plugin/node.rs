@@ -1,0 +1,479 @@
+//! The version-independent core of the DRA node service: prepare, unprepare and recovery.
+//!
+//! The gRPC adapters for v1 and v1beta1 convert at the edge and call into [`NodeService`].
+//! A batch is handled in phases so that the checkpoint is written once per phase for the
+//! whole batch, while claims inside a phase run concurrently:
+//!
+//! 1. lock the batch's claim UIDs (sorted, so overlapping batches cannot deadlock);
+//! 2. serve already prepared claims from the checkpoint; GET the others, all at once;
+//! 3. record `PrepareStarted` for the claims about to be prepared (one write);
+//! 4. call the driver and write each claim's CDI spec, concurrently;
+//! 5. record `PrepareCompleted` for the claims that succeeded (one write).
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tracing::Instrument;
+
+use crate::cdi::{ClaimDevice, ContainerEdits, SpecWriter};
+use crate::checkpoint::{
+    Checkpoint, CheckpointError, ClaimChange, ClaimRecord, ClaimState, PreparedDeviceRecord,
+};
+use crate::claims::{self, ClaimReader};
+use crate::config::ConfigRegistry;
+use crate::driver::{Claim, ClaimRef, Driver, PluginEvent, PreparedClaim};
+use crate::metrics::{Operation, PluginMetrics};
+use crate::plugin::locks::ClaimLocks;
+
+/// Result of preparing one claim: its devices, or the message the kubelet shows.
+pub(crate) type PrepareResult = Result<Vec<PreparedDeviceRecord>, String>;
+
+/// Result of unpreparing one claim.
+pub(crate) type UnprepareResult = Result<(), String>;
+
+pub(crate) struct NodeService<D: Driver> {
+    pub(crate) driver: Arc<D>,
+    pub(crate) driver_name: String,
+    pub(crate) registry: ConfigRegistry<D::Config>,
+    pub(crate) reader: ClaimReader,
+    pub(crate) checkpoint: Arc<Checkpoint>,
+    pub(crate) cdi: SpecWriter,
+    pub(crate) locks: ClaimLocks,
+    pub(crate) metrics: Arc<PluginMetrics>,
+}
+
+/// What phase 2 found out about a claim.
+enum Loaded<C> {
+    /// Prepared before: answer from the checkpoint.
+    Done(Vec<PreparedDeviceRecord>),
+    /// Read and resolved: call the driver.
+    Ready(Claim<C>),
+    /// Failed before the driver was involved.
+    Failed(&'static str, String),
+}
+
+impl<D: Driver> NodeService<D> {
+    pub(crate) async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, PrepareResult> {
+        let claims = unique_by_uid(claims);
+        let _timer = self.metrics.request(Operation::Prepare, claims.len());
+        let _guards = self.locks.lock_all(claims.iter().map(|c| c.uid.as_str())).await;
+
+        let loaded = join_all(claims.iter().map(|claim| {
+            let span = claim_span("load", &self.driver_name, claim);
+            self.load(claim.clone()).instrument(span)
+        }))
+        .await;
+
+        let mut results = BTreeMap::new();
+        let mut ready = Vec::new();
+        for (claim, loaded) in claims.iter().zip(loaded) {
+            match loaded {
+                Loaded::Done(devices) => {
+                    results.insert(claim.uid.clone(), Ok(devices));
+                }
+                Loaded::Ready(resolved) => ready.push(resolved),
+                Loaded::Failed(kind, message) => {
+                    self.metrics.claim_error(Operation::Prepare, kind);
+                    results.insert(claim.uid.clone(), Err(message));
+                }
+            }
+        }
+        if ready.is_empty() {
+            return results;
+        }
+
+        // Record the intent before any side effect, so a crash in the driver leaves a trace
+        // that the next start rolls back.
+        let started = ready.iter().map(|claim| ClaimChange::Put {
+            uid: claim.claim.uid.clone(),
+            record: started_record(&claim.claim),
+        });
+        if let Err(error) = self.write_checkpoint(started.collect()).await {
+            for claim in ready {
+                self.metrics.claim_error(Operation::Prepare, "checkpoint");
+                results.insert(
+                    claim.claim.uid.clone(),
+                    Err(format!("recording the claim in the checkpoint: {error}")),
+                );
+            }
+            return results;
+        }
+
+        let prepared = join_all(ready.iter().map(|claim| {
+            let span = claim_span("prepare", &self.driver_name, &claim.claim);
+            self.prepare_one(claim).instrument(span)
+        }))
+        .await;
+
+        let mut completed = Vec::new();
+        let mut pending = Vec::new();
+        for (claim, outcome) in ready.iter().zip(prepared) {
+            match outcome {
+                Ok((devices, driver_state)) => {
+                    completed.push(ClaimChange::Put {
+                        uid: claim.claim.uid.clone(),
+                        record: completed_record(&claim.claim, devices.clone(), driver_state),
+                    });
+                    pending.push((claim.claim.uid.clone(), devices));
+                }
+                Err((kind, message)) => {
+                    // The PrepareStarted record stays: the driver may have done part of the
+                    // work, and a later unprepare or restart cleans it up.
+                    self.metrics.claim_error(Operation::Prepare, kind);
+                    results.insert(claim.claim.uid.clone(), Err(message));
+                }
+            }
+        }
+        if !completed.is_empty() {
+            match self.write_checkpoint(completed).await {
+                Ok(()) => {
+                    self.metrics.add_prepared_claims(pending.len() as i64);
+                    for (uid, devices) in pending {
+                        results.insert(uid, Ok(devices));
+                    }
+                }
+                Err(error) => {
+                    for (uid, _) in pending {
+                        self.metrics.claim_error(Operation::Prepare, "checkpoint");
+                        results.insert(
+                            uid,
+                            Err(format!("recording the prepared claim in the checkpoint: {error}")),
+                        );
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    async fn load(&self, claim: ClaimRef) -> Loaded<D::Config> {
+        match self.checkpoint.get(&claim.uid) {
+            Ok(Some(record)) if record.is_completed() => {
+                tracing::debug!("claim already prepared, answering from the checkpoint");
+                return Loaded::Done(record.devices);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                return Loaded::Failed("checkpoint", format!("reading the checkpoint: {error}"));
+            }
+        }
+        let object = match self.reader.read(&claim).await {
+            Ok(object) => object,
+            Err(error) => return Loaded::Failed(error.kind(), error.to_string()),
+        };
+        match claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry) {
+            Ok(resolved) => Loaded::Ready(resolved),
+            Err(error) => Loaded::Failed(error.kind(), error.to_string()),
+        }
+    }
+
+    /// Calls the driver and writes the CDI spec of one claim.
+    async fn prepare_one(
+        &self,
+        claim: &Claim<D::Config>,
+    ) -> Result<(Vec<PreparedDeviceRecord>, Option<serde_json::Value>), (&'static str, String)>
+    {
+        let prepared = self
+            .driver
+            .prepare(claim)
+            .await
+            .map_err(|error| (error.kind(), error.to_string()))?;
+        check_prepared(claim, &prepared).map_err(|message| ("driver_output", message))?;
+
+        let spec_devices = cdi_devices(&prepared);
+        let ids = if spec_devices.is_empty() && prepared.common_edits == ContainerEdits::default()
+        {
+            Vec::new()
+        } else {
+            self.cdi
+                .write_claim(&claim.claim.uid, &prepared.common_edits, &spec_devices)
+                .map_err(|error| ("cdi", format!("writing the CDI spec: {error}")))?
+        };
+
+        // Map CDI names back to devices; devices with empty edits get no CDI ID.
+        let mut ids = ids.into_iter();
+        let mut records: Vec<PreparedDeviceRecord> = Vec::with_capacity(prepared.devices.len());
+        for device in &prepared.devices {
+            let cdi_device_ids = if device.edits == ContainerEdits::default() {
+                Vec::new()
+            } else {
+                ids.next().map(|id| vec![id.to_string()]).unwrap_or_default()
+            };
+            let existing = records.iter_mut().find(|r| {
+                r.pool == device.pool && r.device == device.device && r.share_id == device.share_id
+            });
+            match existing {
+                // The same device allocated for two requests: one entry, both names.
+                Some(record) => {
+                    if !record.request_names.contains(&device.request) {
+                        record.request_names.push(device.request.clone());
+                    }
+                    record.cdi_device_ids.extend(cdi_device_ids);
+                }
+                None => records.push(device_record(
+                    vec![device.request.clone()],
+                    &device.pool,
+                    &device.device,
+                    device.share_id.clone(),
+                    cdi_device_ids,
+                )),
+            }
+        }
+        tracing::info!(devices = records.len(), "claim prepared");
+        Ok((records, prepared.driver_state))
+    }
+
+    pub(crate) async fn unprepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> BTreeMap<String, UnprepareResult> {
+        let claims = unique_by_uid(claims);
+        let _timer = self.metrics.request(Operation::Unprepare, claims.len());
+        let _guards = self.locks.lock_all(claims.iter().map(|c| c.uid.as_str())).await;
+
+        let outcomes = join_all(claims.iter().map(|claim| {
+            let span = claim_span("unprepare", &self.driver_name, claim);
+            self.unprepare_one(claim).instrument(span)
+        }))
+        .await;
+
+        let mut results = BTreeMap::new();
+        let mut removals = Vec::new();
+        let mut completed_removed = 0i64;
+        for (claim, outcome) in claims.iter().zip(outcomes) {
+            match outcome {
+                Ok(Some(was_completed)) => {
+                    if was_completed {
+                        completed_removed += 1;
+                    }
+                    removals.push(ClaimChange::Remove {
+                        uid: claim.uid.clone(),
+                    });
+                    results.insert(claim.uid.clone(), Ok(()));
+                }
+                Ok(None) => {
+                    results.insert(claim.uid.clone(), Ok(()));
+                }
+                Err((kind, message)) => {
+                    self.metrics.claim_error(Operation::Unprepare, kind);
+                    results.insert(claim.uid.clone(), Err(message));
+                }
+            }
+        }
+        if !removals.is_empty() {
+            let uids: Vec<String> = removals
+                .iter()
+                .filter_map(|change| match change {
+                    ClaimChange::Remove { uid } => Some(uid.clone()),
+                    ClaimChange::Put { .. } => None,
+                })
+                .collect();
+            match self.write_checkpoint(removals).await {
+                Ok(()) => self.metrics.add_prepared_claims(-completed_removed),
+                Err(error) => {
+                    // The driver already released the devices; unprepare is idempotent, so
+                    // the kubelet's retry finishes the job.
+                    for uid in uids {
+                        self.metrics.claim_error(Operation::Unprepare, "checkpoint");
+                        results.insert(
+                            uid,
+                            Err(format!("removing the claim from the checkpoint: {error}")),
+                        );
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// Unprepares one claim; `Ok(Some(was_completed))` when a checkpoint record must be
+    /// removed.
+    async fn unprepare_one(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Option<bool>, (&'static str, String)> {
+        let record = self
+            .checkpoint
+            .get(&claim.uid)
+            .map_err(|error| ("checkpoint", format!("reading the checkpoint: {error}")))?;
+        let Some(record) = record else {
+            // Never prepared here (or already unprepared): success, and make sure no spec is
+            // left behind either.
+            self.cdi
+                .remove_claim(&claim.uid)
+                .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
+            tracing::debug!("claim not prepared on this node; nothing to do");
+            return Ok(None);
+        };
+        self.driver
+            .unprepare(claim, &record)
+            .await
+            .map_err(|error| (error.kind(), error.to_string()))?;
+        self.cdi
+            .remove_claim(&claim.uid)
+            .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
+        tracing::info!("claim unprepared");
+        Ok(Some(record.is_completed()))
+    }
+
+    /// Brings state left by a previous run in line before the plugin registers: rolls back
+    /// interrupted prepares and removes CDI specs of claims the checkpoint does not know.
+    pub(crate) async fn recover(&self) -> Result<(), CheckpointError> {
+        let records = self.checkpoint.records()?;
+        let mut removals = Vec::new();
+        for (uid, record) in &records {
+            if record.state != ClaimState::PrepareStarted {
+                continue;
+            }
+            let claim = ClaimRef {
+                uid: uid.clone(),
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+            };
+            let span = claim_span("rollback", &self.driver_name, &claim);
+            let outcome = self.driver.rollback(&claim, record).instrument(span).await;
+            match outcome.map_err(|e| e.to_string()).and_then(|()| {
+                self.cdi.remove_claim(uid).map_err(|e| e.to_string())
+            }) {
+                Ok(()) => {
+                    tracing::info!(claim = %claim, "rolled back an interrupted prepare");
+                    removals.push(ClaimChange::Remove { uid: uid.clone() });
+                }
+                Err(error) => {
+                    tracing::warn!(claim = %claim, %error, "rollback of an interrupted prepare failed");
+                    self.driver
+                        .on_event(&PluginEvent::RollbackFailed { claim, error });
+                }
+            }
+        }
+        let removed: HashSet<String> = removals
+            .iter()
+            .filter_map(|change| match change {
+                ClaimChange::Remove { uid } => Some(uid.clone()),
+                ClaimChange::Put { .. } => None,
+            })
+            .collect();
+        if !removals.is_empty() {
+            self.write_checkpoint(removals).await?;
+        }
+        let known: HashSet<&String> = records.keys().filter(|uid| !removed.contains(*uid)).collect();
+        match self.cdi.remove_orphans(|uid| known.contains(&uid.to_string())) {
+            Ok(orphans) if !orphans.is_empty() => {
+                tracing::info!(count = orphans.len(), "removed CDI specs of unknown claims");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "removing orphaned CDI specs"),
+        }
+        let completed = records.values().filter(|record| record.is_completed()).count();
+        self.metrics.set_prepared_claims(completed);
+        Ok(())
+    }
+
+    async fn write_checkpoint(&self, changes: Vec<ClaimChange>) -> Result<(), CheckpointError> {
+        let checkpoint = Arc::clone(&self.checkpoint);
+        // The file lock may briefly block on another plugin instance: keep it off the runtime.
+        match tokio::task::spawn_blocking(move || checkpoint.update(changes)).await {
+            Ok(result) => result,
+            Err(join_error) => Err(CheckpointError::Write {
+                path: self.checkpoint.path().to_path_buf(),
+                source: std::io::Error::other(format!("checkpoint writer task failed: {join_error}")),
+            }),
+        }
+    }
+}
+
+fn claim_span(operation: &'static str, driver: &str, claim: &ClaimRef) -> tracing::Span {
+    tracing::info_span!(
+        "claim",
+        operation,
+        driver = %driver,
+        claim.uid = %claim.uid,
+        claim.namespace = %claim.namespace,
+        claim.name = %claim.name,
+    )
+}
+
+/// Keeps the first occurrence of each UID, in a stable order.
+fn unique_by_uid(claims: Vec<ClaimRef>) -> Vec<ClaimRef> {
+    let mut seen = HashSet::new();
+    claims
+        .into_iter()
+        .filter(|claim| seen.insert(claim.uid.clone()))
+        .collect()
+}
+
+/// The driver may only return devices that were allocated to this claim for it.
+fn check_prepared<C>(claim: &Claim<C>, prepared: &PreparedClaim) -> Result<(), String> {
+    for device in &prepared.devices {
+        let allocated = claim.devices.iter().any(|allocated| {
+            allocated.pool == device.pool
+                && allocated.device == device.device
+                && allocated.share_id == device.share_id
+        });
+        if !allocated {
+            return Err(format!(
+                "driver returned device {}/{} which is not allocated to this claim by this driver",
+                device.pool, device.device
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One CDI device per prepared device with edits; names unique within the claim.
+fn cdi_devices(prepared: &PreparedClaim) -> Vec<ClaimDevice> {
+    let mut names = HashSet::new();
+    prepared
+        .devices
+        .iter()
+        .filter(|device| device.edits != ContainerEdits::default())
+        .enumerate()
+        .map(|(index, device)| {
+            let mut name = match &device.share_id {
+                Some(share) => format!("{}-{share}", device.device),
+                None => device.device.clone(),
+            };
+            // Two pools may both have a `gpu-0`; pools can contain `/`, so use an index.
+            if !names.insert(name.clone()) {
+                name = format!("{name}-{index}");
+                names.insert(name.clone());
+            }
+            ClaimDevice {
+                name,
+                edits: device.edits.clone(),
+            }
+        })
+        .collect()
+}
+
+fn started_record(claim: &ClaimRef) -> ClaimRecord {
+    ClaimRecord::started(&claim.namespace, &claim.name)
+}
+
+fn completed_record(
+    claim: &ClaimRef,
+    devices: Vec<PreparedDeviceRecord>,
+    driver_state: Option<serde_json::Value>,
+) -> ClaimRecord {
+    let record = ClaimRecord::started(&claim.namespace, &claim.name);
+    match driver_state {
+        Some(state) => record.with_driver_state(state),
+        None => record,
+    }
+    .into_completed(devices)
+}
+
+fn device_record(
+    request_names: Vec<String>,
+    pool: &str,
+    device: &str,
+    share_id: Option<String>,
+    cdi_device_ids: Vec<String>,
+) -> PreparedDeviceRecord {
+    let mut record = PreparedDeviceRecord::new(pool, device);
+    record.request_names = request_names;
+    record.share_id = share_id;
+    record.cdi_device_ids = cdi_device_ids;
+    record
+}

@@ -1,0 +1,249 @@
+//! Semantic versions (semver.org 2.0.0) for `version` attributes and CEL's `semver()`.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+/// A parsed semantic version. Build metadata is kept for display but, as the specification
+/// requires, ignored in comparisons and equality.
+#[derive(Clone, Debug)]
+pub(crate) struct Semver {
+    major: u64,
+    minor: u64,
+    patch: u64,
+    pre: Vec<Identifier>,
+    build: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Identifier {
+    Numeric(u64),
+    Alphanumeric(String),
+}
+
+impl Ord for Identifier {
+    fn cmp(&self, other: &Self) -> Ordering {
+        match (self, other) {
+            (Identifier::Numeric(a), Identifier::Numeric(b)) => a.cmp(b),
+            // Numeric identifiers have lower precedence than alphanumeric ones.
+            (Identifier::Numeric(_), Identifier::Alphanumeric(_)) => Ordering::Less,
+            (Identifier::Alphanumeric(_), Identifier::Numeric(_)) => Ordering::Greater,
+            (Identifier::Alphanumeric(a), Identifier::Alphanumeric(b)) => a.cmp(b),
+        }
+    }
+}
+
+impl PartialOrd for Identifier {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Why a string is not a semantic version.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid semantic version {input:?}: {reason}")]
+pub(crate) struct SemverError {
+    input: String,
+    reason: &'static str,
+}
+
+fn is_identifier_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '-'
+}
+
+fn parse_number(part: &str, strict: bool, input: &str) -> Result<u64, SemverError> {
+    let error = |reason| SemverError {
+        input: input.to_owned(),
+        reason,
+    };
+    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(error("version numbers must be digits"));
+    }
+    if strict && part.len() > 1 && part.starts_with('0') {
+        return Err(error("version numbers must not have leading zeros"));
+    }
+    part.parse()
+        .map_err(|_| error("version number out of range"))
+}
+
+impl Semver {
+    /// Parses a version exactly as semver 2.0.0 writes it: `MAJOR.MINOR.PATCH[-PRE][+BUILD]`.
+    pub(crate) fn parse(input: &str) -> Result<Self, SemverError> {
+        Self::parse_with(input, false)
+    }
+
+    /// Like [`Semver::parse`], but first normalizes the input the way Kubernetes'
+    /// `semver(s, true)` does: an optional `v` prefix, missing minor or patch numbers (taken as
+    /// 0) and leading zeros are accepted.
+    pub(crate) fn parse_normalized(input: &str) -> Result<Self, SemverError> {
+        Self::parse_with(input, true)
+    }
+
+    fn parse_with(input: &str, normalize: bool) -> Result<Self, SemverError> {
+        let error = |reason| SemverError {
+            input: input.to_owned(),
+            reason,
+        };
+        let mut rest = input;
+        if normalize {
+            rest = rest.strip_prefix('v').unwrap_or(rest);
+        }
+        let (rest, build) = match rest.split_once('+') {
+            Some((rest, build)) => {
+                if build.is_empty()
+                    || build
+                        .split('.')
+                        .any(|id| id.is_empty() || !id.chars().all(is_identifier_char))
+                {
+                    return Err(error("malformed build metadata"));
+                }
+                (rest, Some(build.to_owned()))
+            }
+            None => (rest, None),
+        };
+        let (core, pre) = match rest.split_once('-') {
+            Some((core, pre)) => (core, Some(pre)),
+            None => (rest, None),
+        };
+        let mut numbers = core.split('.');
+        let mut next = |required: bool| -> Result<u64, SemverError> {
+            match numbers.next() {
+                Some(part) => parse_number(part, !normalize, input),
+                None if !required => Ok(0),
+                None => Err(error("expected MAJOR.MINOR.PATCH")),
+            }
+        };
+        let major = next(true)?;
+        let minor = next(!normalize)?;
+        let patch = next(!normalize)?;
+        if numbers.next().is_some() {
+            return Err(error("more than three version numbers"));
+        }
+        let pre = match pre {
+            None => Vec::new(),
+            Some(pre) => pre
+                .split('.')
+                .map(|id| {
+                    if id.is_empty() || !id.chars().all(is_identifier_char) {
+                        return Err(error("malformed pre-release identifier"));
+                    }
+                    if id.bytes().all(|b| b.is_ascii_digit()) {
+                        parse_number(id, true, input).map(Identifier::Numeric)
+                    } else {
+                        Ok(Identifier::Alphanumeric(id.to_owned()))
+                    }
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(Self {
+            major,
+            minor,
+            patch,
+            pre,
+            build,
+        })
+    }
+
+    pub(crate) fn major(&self) -> u64 {
+        self.major
+    }
+
+    pub(crate) fn minor(&self) -> u64 {
+        self.minor
+    }
+
+    pub(crate) fn patch(&self) -> u64 {
+        self.patch
+    }
+}
+
+impl PartialEq for Semver {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Semver {}
+
+impl Ord for Semver {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.major, self.minor, self.patch)
+            .cmp(&(other.major, other.minor, other.patch))
+            .then_with(|| match (self.pre.is_empty(), other.pre.is_empty()) {
+                // A pre-release sorts before the release it precedes.
+                (true, true) => Ordering::Equal,
+                (true, false) => Ordering::Greater,
+                (false, true) => Ordering::Less,
+                (false, false) => self.pre.cmp(&other.pre),
+            })
+    }
+}
+
+impl PartialOrd for Semver {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for Semver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)?;
+        for (i, id) in self.pre.iter().enumerate() {
+            f.write_str(if i == 0 { "-" } else { "." })?;
+            match id {
+                Identifier::Numeric(n) => write!(f, "{n}")?,
+                Identifier::Alphanumeric(s) => f.write_str(s)?,
+            }
+        }
+        if let Some(build) = &self.build {
+            write!(f, "+{build}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Semver {
+        Semver::parse(s).unwrap()
+    }
+
+    #[test]
+    fn orders_by_precedence() {
+        let ordered = [
+            "1.0.0-alpha",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha.beta",
+            "1.0.0-beta",
+            "1.0.0-beta.2",
+            "1.0.0-beta.11",
+            "1.0.0-rc.1",
+            "1.0.0",
+            "1.2.0",
+            "1.10.0",
+            "2.0.0",
+        ];
+        for pair in ordered.windows(2) {
+            assert!(v(pair[0]) < v(pair[1]), "{} < {}", pair[0], pair[1]);
+        }
+        assert_eq!(v("1.2.3+build.5"), v("1.2.3"));
+        assert_eq!(v("1.2.3-rc.1+meta").to_string(), "1.2.3-rc.1+meta");
+    }
+
+    #[test]
+    fn strict_and_normalized_parsing() {
+        for bad in [
+            "1.2", "v1.2.3", "01.2.3", "1.2.3-01", "1.2.3.4", "1.2.3-", "1.2.3+", "a.b.c", "",
+        ] {
+            assert!(Semver::parse(bad).is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(Semver::parse_normalized("v1.2").unwrap(), v("1.2.0"));
+        assert_eq!(Semver::parse_normalized("01.02.03").unwrap(), v("1.2.3"));
+        let parsed = v("10.20.30");
+        assert_eq!(
+            (parsed.major(), parsed.minor(), parsed.patch()),
+            (10, 20, 30)
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! The `mock-gpu-kubelet-plugin` binary as an operator runs it: against an API server through
+//! `--kubeconfig`, publishing its devices, registering, and cleaning up on SIGTERM.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use mock_gpu::testing::plugin_command;
+
+fn spawn_plugin(cluster: &TestCluster, kubeconfig: &Path) -> Child {
+    plugin_command(Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")), cluster, kubeconfig, 4)
+        .spawn()
+        .expect("spawn plugin")
+}
+
+async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
+    let cluster = TestCluster::start().await.unwrap();
+    let kubeconfig = cluster.path().join("kubeconfig");
+    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let mut child = spawn_plugin(&cluster, &kubeconfig);
+
+    let registrar = cluster.registrar_dir();
+    wait_for("the registration socket", || {
+        KubeletSimulator::discover(&registrar).is_ok_and(|found| found.len() == 1)
+    })
+    .await;
+    let socket = KubeletSimulator::discover(&registrar).unwrap().remove(0);
+    let plugin = KubeletSimulator::new(KubeletVersion::V1_36)
+        .register(&socket)
+        .await
+        .unwrap();
+    assert_eq!(plugin.info.name, "gpu.example.com");
+
+    let api = cluster.api();
+    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().unwrap().is_empty()).await;
+    let slices = api.list::<ResourceSlice>().unwrap();
+    let devices: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
+    assert_eq!(devices, 4);
+    assert_eq!(slices[0].spec.node_name.as_deref(), Some(NODE_NAME));
+
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert!(!socket.exists(), "registration socket left behind");
+    assert!(!Path::new(&plugin.info.endpoint).exists(), "DRA socket left behind");
+    // Slices stay: the kubelet wipes them if the plugin does not come back.
+    assert!(!api.list::<ResourceSlice>().unwrap().is_empty());
+}
+
+#[test]
+fn bad_flags_fail_with_a_clear_message() {
+    let output = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .args(["--node-name", "n", "--http-endpoint", "nonsense", "--kubeconfig", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent") || stderr.contains("http-endpoint"), "{stderr}");
+}
