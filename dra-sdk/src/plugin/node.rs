@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures::future::join_all;
 use tracing::Instrument;
 
-use crate::cdi::{ClaimDevice, ContainerEdits, SpecWriter};
+use crate::cdi::{ClaimDevice, SpecWriter};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, ClaimChange, ClaimRecord, ClaimState, PreparedDeviceRecord,
 };
@@ -182,8 +182,9 @@ impl<D: Driver> NodeService<D> {
         check_prepared(claim, &prepared).map_err(|message| ("driver_output", message))?;
 
         let spec_devices = cdi_devices(&prepared);
-        let ids = if spec_devices.is_empty() && prepared.common_edits == ContainerEdits::default()
-        {
+        // Spec-level edits only reach containers through one of the spec's devices, so a
+        // claim without device edits needs no spec at all.
+        let ids = if spec_devices.is_empty() {
             Vec::new()
         } else {
             self.cdi
@@ -195,7 +196,7 @@ impl<D: Driver> NodeService<D> {
         let mut ids = ids.into_iter();
         let mut records: Vec<PreparedDeviceRecord> = Vec::with_capacity(prepared.devices.len());
         for device in &prepared.devices {
-            let cdi_device_ids = if device.edits == ContainerEdits::default() {
+            let cdi_device_ids = if device.edits.is_empty() {
                 Vec::new()
             } else {
                 ids.next().map(|id| vec![id.to_string()]).unwrap_or_default()
@@ -427,7 +428,7 @@ fn cdi_devices(prepared: &PreparedClaim) -> Vec<ClaimDevice> {
     prepared
         .devices
         .iter()
-        .filter(|device| device.edits != ContainerEdits::default())
+        .filter(|device| !device.edits.is_empty())
         .enumerate()
         .map(|(index, device)| {
             let mut name = match &device.share_id {
