@@ -1,5 +1,18 @@
 //! ResourceSlice publishing: the device model, validation, splitting and the reconcile loop.
 
+mod layout;
+mod limits;
 mod model;
+mod names;
+mod quantity;
+mod validate;
+mod wire;
 
-pub use model::{AttributeValue, Device, DeviceAttributes, DeviceCapacity, Quantity};
+pub use limits::{CounterLayout, KubernetesVersion, SliceLimits};
+pub use model::{
+    AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceAttributes, DeviceCapacity,
+    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, NodeSelector,
+    Pool, PoolNodeSelection, Quantity, TaintEffect, Time, ValidRequestValues,
+};
+pub use validate::{FieldPath, Problem, ValidationError, ValidationErrors};
+pub use wire::{FeatureGate, ResourceApiVersion};
