@@ -4,6 +4,7 @@ mod layout;
 mod limits;
 mod model;
 mod names;
+mod plan;
 mod quantity;
 mod validate;
 mod wire;
