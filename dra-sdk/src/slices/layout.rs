@@ -35,7 +35,7 @@
 //! So changing one device (its attributes, a taint) changes one slice; adding a device fills a
 //! hole or the last slice; only moving devices or changing the number of slices touches more.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use super::limits::{CounterLayout, SliceLimits};
 use super::model::Pool;
@@ -210,9 +210,9 @@ fn pack(
             .or_else(|| previous.and_then(|p| p.first()))
             .map_or(0, |s| s.index);
         let bin = bins.entry(home).or_default();
-        for set in 0..pool.shared_counters.len() {
+        for (set, placed) in set_placed.iter_mut().enumerate() {
             packer.put_set(bin, set);
-            set_placed[set] = true;
+            *placed = true;
         }
         for (device, placed) in device_placed.iter_mut().enumerate() {
             if !pool.devices[device].consumes_counters.is_empty() {
@@ -307,6 +307,7 @@ pub(crate) fn check(
     limits: &SliceLimits,
     layout: &[SliceAssignment],
 ) -> Result<(), String> {
+    use std::collections::BTreeSet;
     let mut devices = BTreeSet::new();
     let mut sets = BTreeSet::new();
     for slice in layout {

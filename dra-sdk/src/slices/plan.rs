@@ -74,6 +74,7 @@ impl Plan {
     }
 
     /// Number of writes.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.deletes.len() + self.updates.len() + self.creates.len()
     }
@@ -104,7 +105,14 @@ pub(crate) fn plan(
             plan.invalid.insert(pool_name.clone(), errors);
             continue;
         }
-        plan_pool(ctx, pool_name, pool, &current, memory.get(pool_name), &mut plan);
+        plan_pool(
+            ctx,
+            pool_name,
+            pool,
+            &current,
+            memory.get(pool_name),
+            &mut plan,
+        );
     }
 
     // Pools that are no longer desired.
@@ -383,9 +391,9 @@ fn plan_pool(
         .iter()
         .filter(|s| s.spec.pool.generation == generation_now)
         .count();
-    let count_changed = current
-        .iter()
-        .any(|s| s.spec.pool.generation == generation_now && s.spec.pool.resource_slice_count != count);
+    let count_changed = current.iter().any(|s| {
+        s.spec.pool.generation == generation_now && s.spec.pool.resource_slice_count != count
+    });
 
     let keep = current_generation.is_some()
         && !count_changed
@@ -476,7 +484,10 @@ mod tests {
             for slice in plan.updates.iter().chain(&plan.creates) {
                 let mut stored = slice.clone();
                 stored.metadata.resource_version = Some(self.next_rv.to_string());
-                stored.metadata.uid.get_or_insert_with(|| format!("u{}", self.next_rv));
+                stored
+                    .metadata
+                    .uid
+                    .get_or_insert_with(|| format!("u{}", self.next_rv));
                 self.next_rv += 1;
                 self.observed
                     .insert(stored.metadata.name.clone().unwrap(), stored);
@@ -486,7 +497,10 @@ mod tests {
         }
 
         fn generations(&self) -> BTreeSet<i64> {
-            self.observed.values().map(|s| s.spec.pool.generation).collect()
+            self.observed
+                .values()
+                .map(|s| s.spec.pool.generation)
+                .collect()
         }
     }
 
@@ -501,12 +515,22 @@ mod tests {
         let mut f = Fixture::new();
         let desired = DriverResources::single_pool("node-1", gpus(100));
         let first = f.sync(&desired);
-        assert_eq!((first.creates.len(), first.updates.len(), first.deletes.len()), (2, 0, 0));
+        assert_eq!(
+            (
+                first.creates.len(),
+                first.updates.len(),
+                first.deletes.len()
+            ),
+            (2, 0, 0)
+        );
         let slice = &first.creates[0];
         assert_eq!(slice.spec.node_name.as_deref(), Some("node-1"));
         assert_eq!(slice.spec.pool.resource_slice_count, 2);
         assert_eq!(slice.spec.pool.generation, 0);
-        assert_eq!(slice.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+        assert_eq!(
+            slice.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "uid-1"
+        );
         assert!(f.plan(&desired).is_empty());
 
         // Also a no-op after a restart (no memory).
@@ -523,7 +547,10 @@ mod tests {
             .clone()
             .taint(DeviceTaint::new("example.com/xid", TaintEffect::NoExecute));
         let plan = f.sync(&DriverResources::single_pool("node-1", devices.clone()));
-        assert_eq!((plan.creates.len(), plan.updates.len(), plan.deletes.len()), (0, 1, 0));
+        assert_eq!(
+            (plan.creates.len(), plan.updates.len(), plan.deletes.len()),
+            (0, 1, 0)
+        );
         assert_eq!(plan.updates[0].spec.pool.generation, 0);
         assert!(plan.updates[0].metadata.resource_version.is_some());
         // Taint removed again.
@@ -552,7 +579,11 @@ mod tests {
         let plan = f.sync(&DriverResources::single_pool("node-1", gpus(65)));
         assert_eq!((plan.creates.len(), plan.updates.len()), (1, 1));
         assert_eq!(f.generations(), BTreeSet::from([1]));
-        assert!(f.observed.values().all(|s| s.spec.pool.resource_slice_count == 2));
+        assert!(
+            f.observed
+                .values()
+                .all(|s| s.spec.pool.resource_slice_count == 2)
+        );
     }
 
     #[test]
@@ -561,7 +592,10 @@ mod tests {
         let pool = Pool::new(gpus(3)).generation(7);
         f.sync(&DriverResources::new().with_pool("node-1", pool.clone()));
         assert_eq!(f.generations(), BTreeSet::from([7]));
-        assert!(f.plan(&DriverResources::new().with_pool("node-1", pool)).is_empty());
+        assert!(
+            f.plan(&DriverResources::new().with_pool("node-1", pool))
+                .is_empty()
+        );
     }
 
     #[test]
@@ -582,7 +616,11 @@ mod tests {
         assert_eq!(f.generations(), BTreeSet::from([0]));
 
         // Losing our owner reference is repaired with a metadata-only update.
-        f.observed.get_mut(&names[0]).unwrap().metadata.owner_references = None;
+        f.observed
+            .get_mut(&names[0])
+            .unwrap()
+            .metadata
+            .owner_references = None;
         let plan = f.sync(&desired);
         assert_eq!(plan.updates.len(), 1);
         assert!(f.plan(&desired).is_empty());
@@ -609,10 +647,14 @@ mod tests {
         );
         let mut stray = f.observed.values().next().unwrap().clone();
         stray.metadata.name = Some("node-1-gpu.example.com-abcde".into());
-        f.observed.insert("node-1-gpu.example.com-abcde".into(), stray);
+        f.observed
+            .insert("node-1-gpu.example.com-abcde".into(), stray);
         let plan = f.sync(&DriverResources::single_pool("node-1", gpus(2)));
         assert_eq!(plan.deletes.len(), 2);
-        assert_eq!(plan.deletes[0].resource_version.as_deref().map(|_| ()), Some(()));
+        assert_eq!(
+            plan.deletes[0].resource_version.as_deref().map(|_| ()),
+            Some(())
+        );
         assert_eq!(f.observed.len(), 1);
         // Nothing desired: everything goes.
         let plan = f.sync(&DriverResources::new());
@@ -627,13 +669,18 @@ mod tests {
         let bad = DriverResources::single_pool("node-1", [Device::new("Bad")]);
         let plan = f.plan(&bad);
         assert!(plan.is_empty());
-        assert!(plan.invalid["node-1"].to_string().contains("device \"Bad\""));
+        assert!(
+            plan.invalid["node-1"]
+                .to_string()
+                .contains("device \"Bad\"")
+        );
 
-        let network = DriverResources::new().with_pool("net", Pool::new(gpus(1)).node_selection(
-            PoolNodeSelection::NodeSelector(NodeSelector {
+        let network = DriverResources::new().with_pool(
+            "net",
+            Pool::new(gpus(1)).node_selection(PoolNodeSelection::NodeSelector(NodeSelector {
                 node_selector_terms: vec![NodeSelectorTerm::default()],
-            }),
-        ));
+            })),
+        );
         let plan = f.plan(&network);
         assert!(plan.invalid["net"].to_string().contains("for_cluster"));
     }
@@ -650,7 +697,10 @@ mod tests {
             disabled: &disabled,
         };
         let desired = DriverResources::new()
-            .with_pool("rack-1", Pool::new(gpus(1)).node_selection(PoolNodeSelection::AllNodes))
+            .with_pool(
+                "rack-1",
+                Pool::new(gpus(1)).node_selection(PoolNodeSelection::AllNodes),
+            )
             .with_pool("rack-2", Pool::new(gpus(1)));
         let plan = plan(&ctx, &desired, &BTreeMap::new(), &BTreeMap::new());
         assert_eq!(plan.creates.len(), 1);
@@ -688,14 +738,26 @@ mod tests {
         for gpu in 0..2 {
             pool = pool
                 .counter_set(CounterSet::new(format!("gpu-{gpu}"), [("memory", "80Gi")]))
-                .device(Device::new(format!("gpu-{gpu}")).consumes(format!("gpu-{gpu}"), [("memory", "80Gi")]))
-                .device(Device::new(format!("gpu-{gpu}-half")).consumes(format!("gpu-{gpu}"), [("memory", "40Gi")]));
+                .device(
+                    Device::new(format!("gpu-{gpu}"))
+                        .consumes(format!("gpu-{gpu}"), [("memory", "80Gi")]),
+                )
+                .device(
+                    Device::new(format!("gpu-{gpu}-half"))
+                        .consumes(format!("gpu-{gpu}"), [("memory", "40Gi")]),
+                );
         }
         let plan = f.sync(&DriverResources::new().with_pool("node-1", pool.clone()));
         assert_eq!(plan.creates.len(), 2);
         assert!(plan.creates[0].spec.devices.is_none());
-        assert_eq!(plan.creates[0].spec.shared_counters.as_ref().unwrap().len(), 2);
+        assert_eq!(
+            plan.creates[0].spec.shared_counters.as_ref().unwrap().len(),
+            2
+        );
         assert_eq!(plan.creates[1].spec.devices.as_ref().unwrap().len(), 4);
-        assert!(f.plan(&DriverResources::new().with_pool("node-1", pool)).is_empty());
+        assert!(
+            f.plan(&DriverResources::new().with_pool("node-1", pool))
+                .is_empty()
+        );
     }
 }
