@@ -703,8 +703,16 @@ impl SliceCache {
 
     fn wrote(&mut self, slice: api::ResourceSlice) {
         if let Some(name) = slice.metadata.name.clone() {
-            self.pending
-                .insert(name.clone(), Pending::Written(rv(&slice).to_owned()));
+            // A write that changed nothing keeps the resource version and produces no watch
+            // event; waiting for its echo would never end.
+            let changed = self
+                .objects
+                .get(&name)
+                .is_none_or(|cached| newer(rv(&slice), rv(cached)));
+            if changed {
+                self.pending
+                    .insert(name.clone(), Pending::Written(rv(&slice).to_owned()));
+            }
             self.tombstones.remove(&name);
             self.objects.insert(name, slice);
         }
