@@ -171,13 +171,26 @@ pub(crate) fn assign(
             .collect(),
         separate: limits.counter_layout == CounterLayout::SeparateSlices,
     };
-    let fresh = pack(pool, &packer, None);
     let Some(previous) = previous.filter(|p| !p.is_empty()) else {
-        return finish(fresh);
+        return finish(pack(pool, &packer, None));
     };
     let sticky = pack(pool, &packer, Some(previous));
-    if sticky.len() > (2 * fresh.len()).max(fresh.len() + 1) {
-        return finish(fresh);
+    let too_many = |fresh: usize| sticky.len() > (2 * fresh).max(fresh + 1);
+    // A fresh layout never needs fewer slices than this, so below it there is no need to
+    // compute one.
+    let per_slice = packer.target.min(limits.max_devices_per_slice);
+    let mut lower_bound = pool.devices.len().div_ceil(per_slice);
+    if packer.separate {
+        lower_bound += pool
+            .shared_counters
+            .len()
+            .div_ceil(limits.max_counter_sets_per_slice.max(1));
+    }
+    if too_many(lower_bound.max(1)) {
+        let fresh = pack(pool, &packer, None);
+        if too_many(fresh.len()) {
+            return finish(fresh);
+        }
     }
     finish(sticky)
 }

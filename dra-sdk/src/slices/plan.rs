@@ -80,13 +80,47 @@ impl Plan {
     }
 }
 
+/// The validated, converted devices of every desired pool: everything about a plan that
+/// depends only on the desired resources, kept while they do not change.
+#[derive(Debug, Default)]
+pub(crate) struct Prepared {
+    pools: BTreeMap<String, Result<Vec<api::Device>, ValidationErrors>>,
+}
+
+/// Validates every pool and converts the devices of the valid ones.
+pub(crate) fn prepare(ctx: &PlanContext<'_>, desired: &DriverResources) -> Prepared {
+    Prepared {
+        pools: desired
+            .pools
+            .iter()
+            .map(|(name, pool)| {
+                let converted = validate_pool(ctx, name, pool)
+                    .map(|()| pool.devices.iter().map(wire::device_to_api).collect());
+                (name.clone(), converted)
+            })
+            .collect(),
+    }
+}
+
 /// Computes the plan.
 ///
 /// `observed` holds every slice the publisher manages (its watch, filtered to its scope);
 /// `memory` the layouts of the previous plan.
+#[cfg(test)]
 pub(crate) fn plan(
     ctx: &PlanContext<'_>,
     desired: &DriverResources,
+    observed: &BTreeMap<String, api::ResourceSlice>,
+    memory: &BTreeMap<String, Vec<PreviousSlice>>,
+) -> Plan {
+    plan_prepared(ctx, desired, &prepare(ctx, desired), observed, memory)
+}
+
+/// Computes the plan from resources already [prepared](prepare) with the same context.
+pub(crate) fn plan_prepared(
+    ctx: &PlanContext<'_>,
+    desired: &DriverResources,
+    prepared: &Prepared,
     observed: &BTreeMap<String, api::ResourceSlice>,
     memory: &BTreeMap<String, Vec<PreviousSlice>>,
 ) -> Plan {
@@ -101,18 +135,25 @@ pub(crate) fn plan(
 
     for (pool_name, pool) in &desired.pools {
         let current = by_pool.remove(pool_name.as_str()).unwrap_or_default();
-        if let Err(errors) = validate_pool(ctx, pool_name, pool) {
-            plan.invalid.insert(pool_name.clone(), errors);
-            continue;
+        match prepared.pools.get(pool_name) {
+            Some(Ok(devices)) => plan_pool(
+                ctx,
+                pool_name,
+                pool,
+                devices,
+                &current,
+                memory.get(pool_name),
+                &mut plan,
+            ),
+            Some(Err(errors)) => {
+                plan.invalid.insert(pool_name.clone(), errors.clone());
+            }
+            // Prepared from other resources: a caller bug, but never publish unvalidated.
+            None => {
+                plan.invalid
+                    .insert(pool_name.clone(), ValidationErrors::default());
+            }
         }
-        plan_pool(
-            ctx,
-            pool_name,
-            pool,
-            &current,
-            memory.get(pool_name),
-            &mut plan,
-        );
     }
 
     // Pools that are no longer desired.
@@ -200,8 +241,8 @@ fn desired_slice(
     ctx: &PlanContext<'_>,
     pool_name: &str,
     pool: &Pool,
+    devices: &[api::Device],
     assignment: &layout::SliceAssignment,
-    device_cache: &mut BTreeMap<usize, api::Device>,
 ) -> api::ResourceSlice {
     let mut spec = api::ResourceSliceSpec {
         driver: ctx.driver.to_owned(),
@@ -223,12 +264,7 @@ fn desired_slice(
             assignment
                 .devices
                 .iter()
-                .map(|&d| {
-                    device_cache
-                        .entry(d)
-                        .or_insert_with(|| wire::device_to_api(&pool.devices[d]))
-                        .clone()
-                })
+                .map(|&d| devices[d].clone())
                 .collect(),
         );
     }
@@ -309,6 +345,7 @@ fn plan_pool(
     ctx: &PlanContext<'_>,
     pool_name: &str,
     pool: &Pool,
+    devices: &[api::Device],
     current: &[&api::ResourceSlice],
     memory: Option<&Vec<PreviousSlice>>,
     plan: &mut Plan,
@@ -325,10 +362,9 @@ fn plan_pool(
     };
     let assignments = layout::assign(pool, ctx.limits, previous);
     let count = i64::try_from(assignments.len()).unwrap_or(i64::MAX);
-    let mut device_cache = BTreeMap::new();
     let mut desired: Vec<api::ResourceSlice> = assignments
         .iter()
-        .map(|a| desired_slice(ctx, pool_name, pool, a, &mut device_cache))
+        .map(|a| desired_slice(ctx, pool_name, pool, devices, a))
         .collect();
     plan.layouts.insert(
         pool_name.to_owned(),

@@ -24,7 +24,7 @@ use super::layout::PreviousSlice;
 use super::limits::{KubernetesVersion, SliceLimits};
 use super::model::DriverResources;
 use super::names;
-use super::plan::{self, Delete, Plan, PlanContext};
+use super::plan::{self, Delete, Plan, PlanContext, Prepared};
 use super::validate::ValidationErrors;
 use super::wire::{self, FeatureGate, ResourceApiVersion};
 
@@ -415,6 +415,7 @@ impl ResourceSlicePublisher {
             cancel: cancel.clone(),
             cache: SliceCache::default(),
             memory: BTreeMap::new(),
+            prepared: None,
             disabled: BTreeSet::new(),
             reported_invalid: BTreeMap::new(),
             clean: None,
@@ -797,6 +798,8 @@ struct Reconciler {
     backoff: Backoff,
     cache: SliceCache,
     memory: BTreeMap<String, Vec<PreviousSlice>>,
+    /// Validation and conversion of the desired resources of one update number.
+    prepared: Option<(u64, Arc<Prepared>)>,
     disabled: BTreeSet<FeatureGate>,
     reported_invalid: BTreeMap<String, ValidationErrors>,
     /// The update number whose plan came out empty, while nothing changed since.
@@ -1132,8 +1135,30 @@ impl Reconciler {
             limits: &connection.limits,
             disabled: &self.disabled,
         };
-        let plan = plan::plan(&ctx, &desired.resources, &self.cache.objects, &self.memory);
-        self.remember_layouts(&plan);
+        let started = std::time::Instant::now();
+        let prepared = match &self.prepared {
+            Some((version, prepared)) if *version == desired.version => prepared.clone(),
+            _ => {
+                let prepared = Arc::new(plan::prepare(&ctx, &desired.resources));
+                self.prepared = Some((desired.version, prepared.clone()));
+                prepared
+            }
+        };
+        let mut plan = plan::plan_prepared(
+            &ctx,
+            &desired.resources,
+            &prepared,
+            &self.cache.objects,
+            &self.memory,
+        );
+        debug!(
+            elapsed = ?started.elapsed(),
+            devices = desired.resources.device_count(),
+            writes = plan.deletes.len() + plan.updates.len() + plan.creates.len(),
+            "planned",
+        );
+        let layouts = std::mem::take(&mut plan.layouts);
+        self.remember_layouts(layouts, &plan.invalid);
         self.report_invalid(&plan.invalid);
 
         if plan.is_empty() {
@@ -1172,12 +1197,14 @@ impl Reconciler {
         }
     }
 
-    fn remember_layouts(&mut self, plan: &Plan) {
+    fn remember_layouts(
+        &mut self,
+        layouts: BTreeMap<String, Vec<PreviousSlice>>,
+        invalid: &BTreeMap<String, ValidationErrors>,
+    ) {
         // Invalid pools keep their old layout for when they become valid again.
-        self.memory
-            .retain(|pool, _| plan.invalid.contains_key(pool));
-        self.memory
-            .extend(plan.layouts.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.memory.retain(|pool, _| invalid.contains_key(pool));
+        self.memory.extend(layouts);
     }
 
     fn report_invalid(&mut self, invalid: &BTreeMap<String, ValidationErrors>) {

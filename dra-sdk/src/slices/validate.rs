@@ -286,17 +286,11 @@ impl Validator<'_> {
     }
 
     fn node_selector(&mut self, device: Option<&str>, field: &str, selector: &NodeSelector) {
-        let terms = selector.node_selector_terms.len();
-        if terms != 1 {
+        if selector.node_selector_terms.len() != 1 {
             self.push(
                 device,
                 format!("{field}.nodeSelectorTerms"),
-                Problem::TooMany {
-                    count: terms,
-                    max: 1,
-                    what: "terms (exactly one is required)",
-                    release: String::new(),
-                },
+                Problem::NodeSelection("must have exactly one term"),
             );
         }
     }
