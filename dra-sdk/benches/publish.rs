@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dra_sdk::slices::{Device, DeviceCapacity, DriverResources, PublisherHandle, ResourceSlicePublisher};
+use dra_sdk::slices::{
+    Device, DeviceCapacity, DriverResources, PublisherHandle, ResourceSlicePublisher,
+};
 use dra_sdk::testing::apiserver::{FakeApiServer, Stats};
 use k8s_openapi::api::core::v1::Node;
 
