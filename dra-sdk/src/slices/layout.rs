@@ -556,4 +556,83 @@ mod tests {
         assert_eq!(a, b);
         check(&changed, &limits, &a).unwrap();
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Change {
+            Remove(usize),
+            Insert(usize),
+            Taint(usize),
+            Untaint(usize),
+        }
+
+        fn change() -> impl Strategy<Value = Change> {
+            prop_oneof![
+                any::<usize>().prop_map(Change::Remove),
+                any::<usize>().prop_map(Change::Insert),
+                any::<usize>().prop_map(Change::Taint),
+                any::<usize>().prop_map(Change::Untaint),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            /// Whatever happens to a pool, layouts stay valid, are fixpoints, and a change to
+            /// one device's taints moves at most the devices of one overfull slice.
+            #[test]
+            fn layouts_stay_valid_and_stable(
+                initial in 0usize..400,
+                target in prop_oneof![Just(None), (1usize..200).prop_map(Some)],
+                changes in proptest::collection::vec(change(), 1..25),
+                release in 34u32..37,
+            ) {
+                let limits = SliceLimits::for_release(KubernetesVersion::new(1, release));
+                let mut pool = Pool::new(devices(initial));
+                pool.max_devices_per_slice = target;
+                let mut layout = assign(&pool, &limits, None);
+                let mut next_name = initial;
+                for change in changes {
+                    let previous = names(&pool, &layout);
+                    let len = pool.devices.len();
+                    let mut touched = None;
+                    match change {
+                        Change::Remove(i) if len > 0 => { pool.devices.remove(i % len); }
+                        Change::Insert(i) => {
+                            pool.devices.insert(i % (len + 1), Device::new(format!("dev-{next_name}")));
+                            next_name += 1;
+                        }
+                        Change::Taint(i) if len > 0 => {
+                            pool.devices[i % len].taints =
+                                vec![DeviceTaint::new("example.com/bad", TaintEffect::NoSchedule)];
+                            touched = Some(pool.devices[i % len].name.clone());
+                        }
+                        Change::Untaint(i) if len > 0 => {
+                            pool.devices[i % len].taints.clear();
+                            touched = Some(pool.devices[i % len].name.clone());
+                        }
+                        _ => {}
+                    }
+                    let next = assign(&pool, &limits, Some(&previous));
+                    prop_assert_eq!(check(&pool, &limits, &next), Ok(()));
+                    let again = assign(&pool, &limits, Some(&names(&pool, &next)));
+                    prop_assert_eq!(&again, &next);
+                    if let Some(device) = touched {
+                        // Only the slice holding the device may lose devices (the overflow
+                        // when its limit drops to 64); the others keep all of theirs.
+                        let after = names(&pool, &next);
+                        let holder = previous.iter().find(|s| s.devices.contains(&device)).map(|s| s.index);
+                        for slice in previous.iter().filter(|s| Some(s.index) != holder) {
+                            let now = after.iter().find(|s| s.index == slice.index);
+                            prop_assert!(now.is_some_and(|now| slice.devices.iter().all(|d| now.devices.contains(d))));
+                        }
+                    }
+                    layout = next;
+                }
+            }
+        }
+    }
 }
