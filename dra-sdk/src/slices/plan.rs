@@ -796,4 +796,74 @@ mod tests {
                 .is_empty()
         );
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn consistent(f: &Fixture, devices: &[Device]) -> Result<(), TestCaseError> {
+            let slices: Vec<&api::ResourceSlice> = f.observed.values().collect();
+            let generations: BTreeSet<i64> =
+                slices.iter().map(|s| s.spec.pool.generation).collect();
+            prop_assert_eq!(generations.len(), 1);
+            for slice in &slices {
+                prop_assert_eq!(slice.spec.pool.resource_slice_count, slices.len() as i64);
+            }
+            let published: Vec<&str> = slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.as_str()))
+                .collect();
+            let unique: BTreeSet<&str> = published.iter().copied().collect();
+            prop_assert_eq!(unique.len(), published.len());
+            let expected: BTreeSet<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+            prop_assert_eq!(unique, expected);
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+
+            /// Any sequence of driver changes and external deletions converges to a consistent
+            /// pool, after which planning again writes nothing; changing one device's attribute
+            /// is one write.
+            #[test]
+            fn converges_and_stays_quiet(
+                initial in 0usize..300,
+                steps in proptest::collection::vec((0u8..5, any::<usize>()), 1..15),
+            ) {
+                let mut f = Fixture::new();
+                let mut devices = gpus(initial);
+                let mut next = initial;
+                f.sync(&DriverResources::single_pool("node-1", devices.clone()));
+                for (op, at) in steps {
+                    let len = devices.len();
+                    let mut single_change = false;
+                    match op {
+                        0 if len > 0 => { devices.remove(at % len); }
+                        1 => {
+                            devices.insert(at % (len + 1), Device::new(format!("new-{next}")));
+                            next += 1;
+                        }
+                        2 if len > 0 => {
+                            let d = &mut devices[at % len];
+                            *d = d.clone().attribute("serial", at as i64);
+                            single_change = true;
+                        }
+                        3 if !f.observed.is_empty() => {
+                            let names: Vec<String> = f.observed.keys().cloned().collect();
+                            f.observed.remove(&names[at % names.len()]);
+                        }
+                        _ => {}
+                    }
+                    let desired = DriverResources::single_pool("node-1", devices.clone());
+                    let plan = f.sync(&desired);
+                    if single_change {
+                        prop_assert!(plan.len() <= 1, "one device change took {} writes", plan.len());
+                    }
+                    consistent(&f, &devices)?;
+                    prop_assert!(f.plan(&desired).is_empty());
+                }
+            }
+        }
+    }
 }
