@@ -30,7 +30,7 @@ fn resources(changed: Option<usize>) -> DriverResources {
             device
         }
     });
-    DriverResources::single_pool(NODE, devices)
+    DriverResources::single_pool(NODE, devices.collect())
 }
 
 async fn server() -> FakeApiServer {

@@ -40,7 +40,7 @@
 //! };
 //! let client = kube::Client::try_default().await?;
 //! let publisher = ResourceSlicePublisher::for_node(client, "gpu.example.com", "node-1")
-//!     .spawn(DriverResources::single_pool("node-1", (0..8).map(gpu)));
+//!     .spawn(DriverResources::single_pool("node-1", (0..8).map(gpu).collect()));
 //!
 //! // A device fails: taint it. Only the slice holding gpu-3 is rewritten.
 //! let mut devices: Vec<Device> = (0..8).map(gpu).collect();

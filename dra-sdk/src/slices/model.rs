@@ -42,7 +42,7 @@ impl DriverResources {
     }
 
     /// A single pool of devices with default settings.
-    pub fn single_pool(name: impl Into<String>, devices: impl IntoIterator<Item = Device>) -> Self {
+    pub fn single_pool(name: impl Into<String>, devices: Vec<Device>) -> Self {
         Self::new().with_pool(name, Pool::new(devices))
     }
 

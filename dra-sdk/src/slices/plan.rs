@@ -702,7 +702,7 @@ mod tests {
     fn invalid_pools_are_reported_and_left_alone() {
         let mut f = Fixture::new();
         f.sync(&DriverResources::single_pool("node-1", gpus(2)));
-        let bad = DriverResources::single_pool("node-1", [Device::new("Bad")]);
+        let bad = DriverResources::single_pool("node-1", vec![Device::new("Bad")]);
         let plan = f.plan(&bad);
         assert!(plan.is_empty());
         assert!(

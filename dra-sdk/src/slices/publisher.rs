@@ -247,10 +247,10 @@ impl Default for Options {
 /// # async fn example() -> Result<(), kube::Error> {
 /// let client = kube::Client::try_default().await?;
 /// let publisher = ResourceSlicePublisher::for_node(client, "gpu.example.com", "node-1")
-///     .spawn(DriverResources::single_pool("node-1", [Device::new("gpu-0")]));
+///     .spawn(DriverResources::single_pool("node-1", vec![Device::new("gpu-0")]));
 /// publisher.synced().await;
 /// // Later: a device became unhealthy, or was hot-plugged.
-/// publisher.update(DriverResources::single_pool("node-1", [Device::new("gpu-0"), Device::new("gpu-1")]));
+/// publisher.update(DriverResources::single_pool("node-1", vec![Device::new("gpu-0"), Device::new("gpu-1")]));
 /// publisher.stop().await; // leaves the slices in place
 /// # Ok(())
 /// # }

@@ -165,7 +165,7 @@ impl DriverResources {
     /// ```
     /// use dra_sdk::slices::{Device, DriverResources, SliceLimits};
     ///
-    /// let bad = DriverResources::single_pool("node-1", [Device::new("GPU_0")]);
+    /// let bad = DriverResources::single_pool("node-1", vec![Device::new("GPU_0")]);
     /// let errors = bad.validate(&SliceLimits::strictest()).unwrap_err();
     /// assert!(errors.to_string().contains(r#"pool "node-1", device "GPU_0", name"#));
     /// ```
