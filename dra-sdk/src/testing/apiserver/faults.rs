@@ -35,7 +35,14 @@ impl Fault {
     /// `Status` body whose reason matches the code (`InternalError` for 500, `Conflict` for 409,
     /// `TooManyRequests` for 429, `ServiceUnavailable` for 503, ...).
     pub fn status(code: u16) -> Self {
-        Self { verb: None, resource: None, code, remaining: Some(1), message: None, retry_after: None }
+        Self {
+            verb: None,
+            resource: None,
+            code,
+            remaining: Some(1),
+            message: None,
+            retry_after: None,
+        }
     }
 
     /// Only requests with this verb.
@@ -84,7 +91,10 @@ impl Fault {
 
     fn matches(&self, verb: Verb, resource: &str) -> bool {
         let resource_ok = self.resource.as_deref().is_none_or(|wanted| {
-            resource == wanted || resource.split_once('/').is_some_and(|(base, _)| base == wanted)
+            resource == wanted
+                || resource
+                    .split_once('/')
+                    .is_some_and(|(base, _)| base == wanted)
         });
         self.verb.is_none_or(|v| v == verb) && resource_ok
     }
@@ -142,8 +152,16 @@ impl std::fmt::Debug for Faults {
 
 impl Faults {
     pub(crate) fn new(root: CancellationToken) -> Self {
-        let state = FaultState { rules: Vec::new(), latency: Duration::ZERO, watch_token: root.child_token(), injected: 0 };
-        Self { state: Arc::new(Mutex::new(state)), root }
+        let state = FaultState {
+            rules: Vec::new(),
+            latency: Duration::ZERO,
+            watch_token: root.child_token(),
+            injected: 0,
+        };
+        Self {
+            state: Arc::new(Mutex::new(state)),
+            root,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, FaultState> {
@@ -222,7 +240,12 @@ mod tests {
     #[test]
     fn faults_match_and_run_out() {
         let faults = Faults::new(CancellationToken::new());
-        faults.inject(Fault::status(500).verb(Verb::Update).resource("resourceslices").times(2));
+        faults.inject(
+            Fault::status(500)
+                .verb(Verb::Update)
+                .resource("resourceslices")
+                .times(2),
+        );
         assert!(faults.take(Verb::Get, "resourceslices").is_none());
         assert!(faults.take(Verb::Update, "nodes").is_none());
         let err = faults.take(Verb::Update, "resourceslices").unwrap();

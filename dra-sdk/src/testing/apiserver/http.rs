@@ -29,7 +29,8 @@ use super::watch::{self, WatchSpec, WatchStart};
 const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Watch length when the client sets no `timeoutSeconds` (the real server picks 30–60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
-const AGGREGATED_DISCOVERY: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+const AGGREGATED_DISCOVERY: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
@@ -39,6 +40,11 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
     let (parts, body) = request.into_parts();
     let response = match route(&shared, parts.uri.path()) {
         Route::Version => json_response(StatusCode::OK, &version_info(&shared.git_version)),
+        Route::Health => response_with(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            Body::from("ok"),
+        ),
         Route::Discovery(target) => discovery(&shared, &parts.headers, &target),
         Route::Resource(target) => resource_request(&shared, &parts, body, target).await,
         Route::Unknown => error_response(&ApiError::new(
@@ -75,6 +81,8 @@ enum DiscoveryTarget {
 #[derive(Debug)]
 enum Route {
     Version,
+    /// `/healthz`, `/livez`, `/readyz`
+    Health,
     Discovery(DiscoveryTarget),
     Resource(Target),
     Unknown,
@@ -83,20 +91,30 @@ enum Route {
 fn route(shared: &Shared, path: &str) -> Route {
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let serves_version = |group: &str, version: &str| {
-        shared.resources.iter().any(|rt| rt.group == group && rt.version == version)
+        shared
+            .resources
+            .iter()
+            .any(|rt| rt.group == group && rt.version == version)
     };
     match segments.as_slice() {
         ["version"] => Route::Version,
+        ["healthz" | "livez" | "readyz"] => Route::Health,
         ["api"] => Route::Discovery(DiscoveryTarget::CoreVersions),
         ["apis"] => Route::Discovery(DiscoveryTarget::Groups),
         ["apis", group] if shared.resources.iter().any(|rt| rt.group == *group) => {
             Route::Discovery(DiscoveryTarget::Group((*group).to_string()))
         }
         ["api", version] if serves_version("", version) => {
-            Route::Discovery(DiscoveryTarget::Resources { group: String::new(), version: (*version).to_string() })
+            Route::Discovery(DiscoveryTarget::Resources {
+                group: String::new(),
+                version: (*version).to_string(),
+            })
         }
         ["apis", group, version] if serves_version(group, version) => {
-            Route::Discovery(DiscoveryTarget::Resources { group: (*group).to_string(), version: (*version).to_string() })
+            Route::Discovery(DiscoveryTarget::Resources {
+                group: (*group).to_string(),
+                version: (*version).to_string(),
+            })
         }
         ["api", version, rest @ ..] => resource_route(shared, "", version, rest),
         ["apis", group, version, rest @ ..] => resource_route(shared, group, version, rest),
@@ -106,7 +124,10 @@ fn route(shared: &Shared, path: &str) -> Route {
 
 fn resource_route(shared: &Shared, group: &str, version: &str, rest: &[&str]) -> Route {
     let find = |plural: &str| {
-        shared.resources.iter().find(|rt| rt.group == group && rt.version == version && rt.plural == plural)
+        shared
+            .resources
+            .iter()
+            .find(|rt| rt.group == group && rt.version == version && rt.plural == plural)
     };
     let target = |rt: &ResourceType, namespace: Option<&str>, tail: &[&str]| {
         if tail.len() > 2 {
@@ -120,7 +141,9 @@ fn resource_route(shared: &Shared, group: &str, version: &str, rest: &[&str]) ->
         })
     };
     match rest {
-        ["namespaces", namespace, plural, tail @ ..] if find(plural).is_some_and(|rt| rt.namespaced) => {
+        ["namespaces", namespace, plural, tail @ ..]
+            if find(plural).is_some_and(|rt| rt.namespaced) =>
+        {
             find(plural).map_or(Route::Unknown, |rt| target(rt, Some(namespace), tail))
         }
         [plural, tail @ ..] => match find(plural) {
@@ -144,7 +167,10 @@ impl Query {
     }
 
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     fn flag(&self, key: &str) -> bool {
@@ -155,7 +181,9 @@ impl Query {
         match self.get("dryRun") {
             None | Some("") => Ok(false),
             Some("All") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!("unsupported dryRun value: \"{other}\""))),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "unsupported dryRun value: \"{other}\""
+            ))),
         }
     }
 
@@ -164,15 +192,29 @@ impl Query {
             .map_err(ApiError::bad_request)?;
         let labels = LabelSelector::parse(self.get("labelSelector").unwrap_or_default())
             .map_err(ApiError::bad_request)?;
-        Ok(Filter { namespace: namespace.map(str::to_string), fields, labels })
+        Ok(Filter {
+            namespace: namespace.map(str::to_string),
+            fields,
+            labels,
+        })
     }
 }
 
 fn verb_of(method: &Method, target: &Target, watch: bool) -> Result<Verb, ApiError> {
-    let not_allowed = || ApiError::new(405, "MethodNotAllowed", format!("the server does not allow this method on the requested resource"));
+    let not_allowed = || {
+        ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
+    };
     if let Some(subresource) = &target.subresource {
         if subresource != "status" || !target.rt.has_status_subresource() {
-            return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
         }
         return match *method {
             Method::GET => Ok(Verb::Get),
@@ -194,7 +236,12 @@ fn verb_of(method: &Method, target: &Target, watch: bool) -> Result<Verb, ApiErr
     }
 }
 
-async fn resource_request(shared: &Arc<Shared>, parts: &Parts, body: Body, target: Target) -> Response {
+async fn resource_request(
+    shared: &Arc<Shared>,
+    parts: &Parts,
+    body: Body,
+    target: Target,
+) -> Response {
     let query = match Query::parse(parts) {
         Ok(query) => query,
         Err(error) => return error_response(&error),
@@ -240,7 +287,9 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
             "RequestEntityTooLarge",
             format!("Request entity too large: limit is {MAX_BODY_BYTES}"),
         )),
-        Err(error) => Err(ApiError::bad_request(format!("failed to read the request body: {error}"))),
+        Err(error) => Err(ApiError::bad_request(format!(
+            "failed to read the request body: {error}"
+        ))),
     }
 }
 
@@ -253,8 +302,9 @@ fn wants_metadata(headers: &HeaderMap) -> bool {
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}")))
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+    })
 }
 
 struct ResourceRequest<'a> {
@@ -272,7 +322,12 @@ impl ResourceRequest<'_> {
         let name = self.target.name.as_deref().unwrap_or_default();
         let status = self.target.subresource.is_some();
         let hooks = self.shared.hooks_for(rt.plural);
-        let ctx = WriteCtx { rt, namespace, dry_run: self.query.dry_run()?, hooks: &hooks };
+        let ctx = WriteCtx {
+            rt,
+            namespace,
+            dry_run: self.query.dry_run()?,
+            hooks: &hooks,
+        };
         match verb {
             Verb::Get => {
                 let obj = self.shared.state().get(rt, namespace, name)?;
@@ -285,18 +340,28 @@ impl ResourceRequest<'_> {
                 Ok(self.object_response(StatusCode::CREATED, &obj))
             }
             Verb::Update => {
-                let obj = self.shared.state().replace(&ctx, name, parse_json(body)?, status)?;
+                let obj = self
+                    .shared
+                    .state()
+                    .replace(&ctx, name, parse_json(body)?, status)?;
                 Ok(self.object_response(StatusCode::OK, &obj))
             }
             Verb::Patch => {
                 let patch = self.patch_body(body)?;
                 let (obj, created) = self.shared.state().patch(&ctx, name, patch, status)?;
-                let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+                let code = if created {
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::OK
+                };
                 Ok(self.object_response(code, &obj))
             }
             Verb::Delete => {
                 let (preconditions, dry_run) = delete_options(body)?;
-                let ctx = WriteCtx { dry_run: ctx.dry_run || dry_run, ..ctx };
+                let ctx = WriteCtx {
+                    dry_run: ctx.dry_run || dry_run,
+                    ..ctx
+                };
                 let (obj, gone) = self.shared.state().delete(&ctx, name, &preconditions)?;
                 if gone && !rt.returns_deleted_object {
                     let uid = obj.pointer("/metadata/uid").cloned().unwrap_or(Value::Null);
@@ -310,7 +375,10 @@ impl ResourceRequest<'_> {
             }
             Verb::DeleteCollection => {
                 let (_, dry_run) = delete_options(body)?;
-                let ctx = WriteCtx { dry_run: ctx.dry_run || dry_run, ..ctx };
+                let ctx = WriteCtx {
+                    dry_run: ctx.dry_run || dry_run,
+                    ..ctx
+                };
                 let filter = self.query.filter(rt, namespace)?;
                 let mut state = self.shared.state();
                 let deleted = state.delete_collection(&ctx, &filter)?;
@@ -324,7 +392,10 @@ impl ResourceRequest<'_> {
     fn list(&self) -> Result<Response, ApiError> {
         let rt = &self.target.rt;
         let filter = self.query.filter(rt, self.target.namespace.as_deref())?;
-        let rv = self.query.get("resourceVersion").filter(|rv| !rv.is_empty());
+        let rv = self
+            .query
+            .get("resourceVersion")
+            .filter(|rv| !rv.is_empty());
         let at = match (self.query.get("resourceVersionMatch"), rv) {
             (None | Some(""), _) | (Some("NotOlderThan"), Some(_)) => ListAt::Latest,
             (Some("Exact"), Some(rv)) => ListAt::Exact(parse_rv(rv)?),
@@ -354,9 +425,16 @@ impl ResourceRequest<'_> {
             None => None,
             Some("true" | "1") => Some(true),
             Some("false" | "0") => Some(false),
-            Some(other) => return Err(ApiError::bad_request(format!("invalid sendInitialEvents value: \"{other}\""))),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "invalid sendInitialEvents value: \"{other}\""
+                )));
+            }
         };
-        let version_match = self.query.get("resourceVersionMatch").filter(|m| !m.is_empty());
+        let version_match = self
+            .query
+            .get("resourceVersionMatch")
+            .filter(|m| !m.is_empty());
         // The same combinations the real server refuses (ValidateListOptions).
         match (send_initial_events, version_match) {
             (Some(_), m) if m != Some("NotOlderThan") => {
@@ -376,17 +454,29 @@ impl ResourceRequest<'_> {
             }
             _ => {}
         }
-        let rv = self.query.get("resourceVersion").filter(|rv| !rv.is_empty() && *rv != "0");
+        let rv = self
+            .query
+            .get("resourceVersion")
+            .filter(|rv| !rv.is_empty() && *rv != "0");
+        // sendInitialEvents defaults to true without a resourceVersion (or with "0") and to
+        // false otherwise; explicitly false without one means "from now on".
         let start = match (send_initial_events, rv) {
-            (Some(true), _) | (_, None) => WatchStart::Snapshot,
+            (Some(true), _) | (None, None) => WatchStart::Snapshot,
             (_, Some(rv)) => WatchStart::After(parse_rv(rv)?),
+            (Some(false), None) => WatchStart::After(self.shared.state().resource_version()),
         };
+        // Like the real server, a zero timeout means the default one.
         let timeout = match self.query.get("timeoutSeconds") {
             None | Some("") => DEFAULT_WATCH_TIMEOUT,
-            Some(secs) => Duration::from_secs(
-                secs.parse::<u64>()
-                    .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: \"{secs}\"")))?,
-            ),
+            Some(secs) => match secs.parse::<u64>() {
+                Ok(0) => DEFAULT_WATCH_TIMEOUT,
+                Ok(secs) => Duration::from_secs(secs),
+                Err(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid timeoutSeconds: \"{secs}\""
+                    )));
+                }
+            },
         };
         let spec = WatchSpec {
             rt: rt.clone(),
@@ -429,7 +519,10 @@ impl ResourceRequest<'_> {
                         "the fake API server accepts JSON apply patches only (YAML is not parsed): {e}"
                     ))
                 })?;
-                Ok(PatchBody::Apply { config, manager: manager.to_string() })
+                Ok(PatchBody::Apply {
+                    config,
+                    manager: manager.to_string(),
+                })
             }
             other => Err(ApiError::new(
                 415,
@@ -483,11 +576,16 @@ impl ResourceRequest<'_> {
 }
 
 fn parse_rv(rv: &str) -> Result<u64, ApiError> {
-    rv.parse().map_err(|_| ApiError::bad_request(format!("invalid resource version: \"{rv}\"")))
+    rv.parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: \"{rv}\"")))
 }
 
 fn invalid_list_options(detail: &str) -> ApiError {
-    ApiError::new(422, "Invalid", format!("ListOptions.meta.k8s.io \"\" is invalid: {detail}"))
+    ApiError::new(
+        422,
+        "Invalid",
+        format!("ListOptions.meta.k8s.io \"\" is invalid: {detail}"),
+    )
 }
 
 /// `DeleteOptions` from a DELETE body: preconditions and dry run. An empty body is allowed.
@@ -496,7 +594,12 @@ fn delete_options(body: &[u8]) -> Result<(Preconditions, bool), ApiError> {
         return Ok((Preconditions::default(), false));
     }
     let options = parse_json(body)?;
-    let text = |pointer: &str| options.pointer(pointer).and_then(Value::as_str).map(str::to_string);
+    let text = |pointer: &str| {
+        options
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
     let preconditions = Preconditions {
         uid: text("/preconditions/uid"),
         resource_version: text("/preconditions/resourceVersion"),
@@ -511,14 +614,18 @@ fn delete_options(body: &[u8]) -> Result<(Preconditions, bool), ApiError> {
 fn response_with(code: StatusCode, content_type: &'static str, body: Body) -> Response {
     let mut response = Response::new(body);
     *response.status_mut() = code;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
 }
 
 fn json_response<T: Serialize + ?Sized>(code: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => response_with(code, "application/json", Body::from(bytes)),
-        Err(error) => error_response(&ApiError::internal(format!("failed to encode the response: {error}"))),
+        Err(error) => error_response(&ApiError::internal(format!(
+            "failed to encode the response: {error}"
+        ))),
     }
 }
 
@@ -527,16 +634,23 @@ fn error_response(error: &ApiError) -> Response {
     let bytes = serde_json::to_vec(&error.to_status()).unwrap_or_default();
     let mut response = response_with(code, "application/json", Body::from(bytes));
     if let Some(seconds) = error.retry_after {
-        response.headers_mut().insert(RETRY_AFTER, HeaderValue::from(seconds));
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     response
 }
 
 fn version_info(git_version: &str) -> Value {
-    let numbers: Vec<&str> = git_version.trim_start_matches('v').split(['.', '-', '+']).collect();
+    let numbers: Vec<&str> = git_version
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .collect();
     let major = numbers.first().copied().unwrap_or("1");
     let minor = numbers.get(1).copied().unwrap_or("0");
-    let min_compat_minor = minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string());
+    let min_compat_minor = minor
+        .parse::<u32>()
+        .map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string());
     json!({
         "major": major,
         "minor": minor,
@@ -583,13 +697,20 @@ fn discovery(shared: &Shared, headers: &HeaderMap, target: &DiscoveryTarget) -> 
     let resources = &shared.resources;
     // Served versions per group, preferred first.
     let versions_of = |group: &str| {
-        let mut versions: Vec<&'static str> =
-            resources.iter().filter(|rt| rt.group == group).map(|rt| rt.version).collect();
+        let mut versions: Vec<&'static str> = resources
+            .iter()
+            .filter(|rt| rt.group == group)
+            .map(|rt| rt.version)
+            .collect();
         versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
         versions.dedup();
         versions
     };
-    let mut groups: Vec<&'static str> = resources.iter().map(|rt| rt.group).filter(|g| !g.is_empty()).collect();
+    let mut groups: Vec<&'static str> = resources
+        .iter()
+        .map(|rt| rt.group)
+        .filter(|g| !g.is_empty())
+        .collect();
     groups.sort_unstable();
     groups.dedup();
     let group_json = |group: &str| {
@@ -602,11 +723,19 @@ fn discovery(shared: &Shared, headers: &HeaderMap, target: &DiscoveryTarget) -> 
     match target {
         DiscoveryTarget::CoreVersions if aggregated => {
             let list = aggregated_list(resources, &[""], &versions_of);
-            response_with(StatusCode::OK, AGGREGATED_DISCOVERY, Body::from(serde_json::to_vec(&list).unwrap_or_default()))
+            response_with(
+                StatusCode::OK,
+                AGGREGATED_DISCOVERY,
+                Body::from(serde_json::to_vec(&list).unwrap_or_default()),
+            )
         }
         DiscoveryTarget::Groups if aggregated => {
             let list = aggregated_list(resources, &groups, &versions_of);
-            response_with(StatusCode::OK, AGGREGATED_DISCOVERY, Body::from(serde_json::to_vec(&list).unwrap_or_default()))
+            response_with(
+                StatusCode::OK,
+                AGGREGATED_DISCOVERY,
+                Body::from(serde_json::to_vec(&list).unwrap_or_default()),
+            )
         }
         DiscoveryTarget::CoreVersions => json_response(
             StatusCode::OK,
@@ -618,7 +747,10 @@ fn discovery(shared: &Shared, headers: &HeaderMap, target: &DiscoveryTarget) -> 
         ),
         DiscoveryTarget::Groups => {
             let groups: Vec<Value> = groups.iter().map(|g| group_json(g)).collect();
-            json_response(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+            json_response(
+                StatusCode::OK,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+            )
         }
         DiscoveryTarget::Group(group) => {
             let mut body = group_json(group);
@@ -628,7 +760,10 @@ fn discovery(shared: &Shared, headers: &HeaderMap, target: &DiscoveryTarget) -> 
         }
         DiscoveryTarget::Resources { group, version } => {
             let mut list = Vec::new();
-            for rt in resources.iter().filter(|rt| rt.group == group && rt.version == version) {
+            for rt in resources
+                .iter()
+                .filter(|rt| rt.group == group && rt.version == version)
+            {
                 let mut entry = json!({
                     "name": rt.plural,
                     "singularName": rt.singular(),
@@ -650,7 +785,11 @@ fn discovery(shared: &Shared, headers: &HeaderMap, target: &DiscoveryTarget) -> 
                     }));
                 }
             }
-            let group_version = if group.is_empty() { version.clone() } else { format!("{group}/{version}") };
+            let group_version = if group.is_empty() {
+                version.clone()
+            } else {
+                format!("{group}/{version}")
+            };
             json_response(
                 StatusCode::OK,
                 &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list}),
@@ -675,7 +814,8 @@ fn aggregated_list(
                         .iter()
                         .filter(|rt| rt.group == *group && rt.version == version)
                         .map(|rt| {
-                            let gvk = json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
+                            let gvk =
+                                json!({"group": rt.group, "version": rt.version, "kind": rt.kind});
                             let mut entry = json!({
                                 "resource": rt.plural,
                                 "responseKind": gvk,
@@ -730,7 +870,10 @@ mod tests {
 
     #[test]
     fn delete_options_parse() {
-        let (pre, dry) = delete_options(br#"{"preconditions":{"uid":"u","resourceVersion":"7"},"dryRun":["All"]}"#).unwrap();
+        let (pre, dry) = delete_options(
+            br#"{"preconditions":{"uid":"u","resourceVersion":"7"},"dryRun":["All"]}"#,
+        )
+        .unwrap();
         assert_eq!(pre.uid.as_deref(), Some("u"));
         assert_eq!(pre.resource_version.as_deref(), Some("7"));
         assert!(dry);

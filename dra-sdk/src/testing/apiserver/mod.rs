@@ -20,7 +20,8 @@
 //!   based), watch replay from an in-memory history (ERROR 410 "Expired" when it no longer reaches
 //!   back), BOOKMARKs, `timeoutSeconds`, `sendInitialEvents` with the
 //!   `k8s.io/initial-events-end` bookmark, `PartialObjectMetadata` responses.
-//! - **Discovery**: `/version`, `/api`, `/apis`, per group and version, and aggregated discovery.
+//! - **Discovery**: `/version`, `/api`, `/apis`, per group and version, aggregated discovery,
+//!   and `/healthz`, `/livez`, `/readyz`.
 //! - **Test control**: request [`Stats`], [`Faults`] (fail requests, add latency, drop or refuse
 //!   watches), and write hooks that emulate disabled feature gates
 //!   ([`FakeApiServer::drop_fields`]).
@@ -79,7 +80,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
+use kube::config::{
+    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -159,9 +162,10 @@ pub enum Error {
 
 impl From<ApiError> for Error {
     fn from(error: ApiError) -> Self {
-        let status = serde_json::from_value::<kube::core::Status>(error.to_status()).unwrap_or_else(|_| {
-            kube::core::Status::failure(&error.message, error.reason).with_code(error.code)
-        });
+        let status = serde_json::from_value::<kube::core::Status>(error.to_status())
+            .unwrap_or_else(|_| {
+                kube::core::Status::failure(&error.message, error.reason).with_code(error.code)
+            });
         Error::Api(Box::new(status))
     }
 }
@@ -196,7 +200,11 @@ impl Shared {
     }
 
     fn hooks_for(&self, plural: &str) -> Vec<WriteHook> {
-        lock(&self.hooks).iter().filter(|(r, _)| r == plural).map(|(_, h)| h.clone()).collect()
+        lock(&self.hooks)
+            .iter()
+            .filter(|(r, _)| r == plural)
+            .map(|(_, h)| h.clone())
+            .collect()
     }
 }
 
@@ -281,8 +289,14 @@ impl FakeApiServerBuilder {
     pub async fn start(self) -> Result<FakeApiServer, Error> {
         let listener = tokio::net::TcpListener::bind(self.addr)
             .await
-            .map_err(|source| Error::Bind { addr: self.addr, source })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: self.addr, source })?;
+            .map_err(|source| Error::Bind {
+                addr: self.addr,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind {
+            addr: self.addr,
+            source,
+        })?;
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {
             state: Mutex::new(State::new(self.history_limit)),
@@ -298,11 +312,19 @@ impl FakeApiServerBuilder {
         });
         let app = http::router(shared.clone());
         let task = tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(root.cancelled_owned()).await {
+            if let Err(error) = axum::serve(listener, app)
+                .with_graceful_shutdown(root.cancelled_owned())
+                .await
+            {
                 warn!(%error, "fake API server stopped with an error");
             }
         });
-        Ok(FakeApiServer { inner: Arc::new(Inner { shared, task: Mutex::new(Some(task)) }) })
+        Ok(FakeApiServer {
+            inner: Arc::new(Inner {
+                shared,
+                task: Mutex::new(Some(task)),
+            }),
+        })
     }
 }
 
@@ -328,7 +350,9 @@ pub struct FakeApiServer {
 
 impl std::fmt::Debug for FakeApiServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FakeApiServer").field("addr", &self.shared().addr).finish_non_exhaustive()
+        f.debug_struct("FakeApiServer")
+            .field("addr", &self.shared().addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -363,7 +387,10 @@ impl FakeApiServer {
     /// `default`, kube's default retry of 429/503/504).
     pub fn config(&self) -> Result<kube::Config, Error> {
         let url = self.url();
-        let uri = url.parse().map_err(|source| Error::Url { url: url.clone(), source })?;
+        let uri = url.parse().map_err(|source| Error::Url {
+            url: url.clone(),
+            source,
+        })?;
         Ok(kube::Config::new(uri))
     }
 
@@ -377,7 +404,10 @@ impl FakeApiServer {
         Kubeconfig {
             clusters: vec![NamedCluster {
                 name: KUBECONFIG_NAME.into(),
-                cluster: Some(Cluster { server: Some(self.url()), ..Cluster::default() }),
+                cluster: Some(Cluster {
+                    server: Some(self.url()),
+                    ..Cluster::default()
+                }),
                 ..NamedCluster::default()
             }],
             auth_infos: vec![NamedAuthInfo {
@@ -406,9 +436,15 @@ impl FakeApiServer {
     /// separate process started with `--kubeconfig`.
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let bytes = serde_json::to_vec_pretty(&self.kubeconfig())
-            .map_err(|source| Error::Encode { kind: "Kubeconfig".into(), source })?;
-        std::fs::write(path, bytes).map_err(|source| Error::WriteKubeconfig { path: path.to_path_buf(), source })
+        let bytes =
+            serde_json::to_vec_pretty(&self.kubeconfig()).map_err(|source| Error::Encode {
+                kind: "Kubeconfig".into(),
+                source,
+            })?;
+        std::fs::write(path, bytes).map_err(|source| Error::WriteKubeconfig {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Request counters since start or the last [`reset_stats`](Self::reset_stats).
@@ -455,7 +491,9 @@ impl FakeApiServer {
     /// ```
     pub fn drop_fields(&self, resource: &str, paths: &[&str]) {
         let paths: Vec<String> = paths.iter().map(|p| (*p).to_string()).collect();
-        self.on_write(resource, move |obj| paths.iter().for_each(|path| remove_path(obj, path)));
+        self.on_write(resource, move |obj| {
+            paths.iter().for_each(|path| remove_path(obj, path))
+        });
     }
 
     /// Registers a hook that may rewrite every object of `resource` (plural) written from now on,
@@ -476,19 +514,34 @@ impl FakeApiServer {
             .resources
             .iter()
             .find(|rt| rt.group == group && rt.version == version && rt.plural == plural)
-            .ok_or_else(|| Error::UnknownResource { api_version: K::api_version(&()).into_owned(), plural: plural.into_owned() })
+            .ok_or_else(|| Error::UnknownResource {
+                api_version: K::api_version(&()).into_owned(),
+                plural: plural.into_owned(),
+            })
     }
 
     fn encode<K: kube::Resource<DynamicType = ()> + Serialize>(obj: &K) -> Result<Value, Error> {
-        serde_json::to_value(obj).map_err(|source| Error::Encode { kind: K::kind(&()).into_owned(), source })
-    }
-
-    fn decode<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(rt: &ResourceType, stored: &Value) -> Result<K, Error> {
-        serde_json::from_value(with_type_meta(stored, &rt.api_version(), rt.kind)).map_err(|source| Error::Decode {
-            kind: rt.kind.to_string(),
-            name: stored.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string(),
+        serde_json::to_value(obj).map_err(|source| Error::Encode {
+            kind: K::kind(&()).into_owned(),
             source,
         })
+    }
+
+    fn decode<K: kube::Resource<DynamicType = ()> + DeserializeOwned>(
+        rt: &ResourceType,
+        stored: &Value,
+    ) -> Result<K, Error> {
+        serde_json::from_value(with_type_meta(stored, &rt.api_version(), rt.kind)).map_err(
+            |source| Error::Decode {
+                kind: rt.kind.to_string(),
+                name: stored
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                source,
+            },
+        )
     }
 
     /// Creates an object without HTTP: same defaulting, validation, hooks and watch events as a
@@ -499,9 +552,18 @@ impl FakeApiServer {
         K: kube::Resource<DynamicType = ()> + Serialize + DeserializeOwned,
     {
         let rt = self.resource_type::<K>()?;
-        let namespace = obj.meta().namespace.clone().unwrap_or_else(|| "default".into());
+        let namespace = obj
+            .meta()
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let hooks = self.shared().hooks_for(rt.plural);
-        let ctx = WriteCtx { rt, namespace: Some(&namespace), dry_run: false, hooks: &hooks };
+        let ctx = WriteCtx {
+            rt,
+            namespace: Some(&namespace),
+            dry_run: false,
+            hooks: &hooks,
+        };
         let stored = self.shared().state().create(&ctx, Self::encode(obj)?)?;
         Self::decode(rt, &stored)
     }
@@ -528,11 +590,23 @@ impl FakeApiServer {
         K: kube::Resource<DynamicType = ()> + Serialize + DeserializeOwned,
     {
         let rt = self.resource_type::<K>()?;
-        let namespace = obj.meta().namespace.clone().unwrap_or_else(|| "default".into());
+        let namespace = obj
+            .meta()
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
         let name = obj.meta().name.clone().unwrap_or_default();
         let hooks = self.shared().hooks_for(rt.plural);
-        let ctx = WriteCtx { rt, namespace: Some(&namespace), dry_run: false, hooks: &hooks };
-        let stored = self.shared().state().replace(&ctx, &name, Self::encode(obj)?, status)?;
+        let ctx = WriteCtx {
+            rt,
+            namespace: Some(&namespace),
+            dry_run: false,
+            hooks: &hooks,
+        };
+        let stored = self
+            .shared()
+            .state()
+            .replace(&ctx, &name, Self::encode(obj)?, status)?;
         Self::decode(rt, &stored)
     }
 
@@ -556,8 +630,14 @@ impl FakeApiServer {
         K: kube::Resource<DynamicType = ()> + DeserializeOwned,
     {
         let rt = self.resource_type::<K>()?;
-        let (items, _) = self.shared().state().list(rt, &selectors::Filter::default(), store::ListAt::Latest)?;
-        items.iter().map(|stored| Self::decode(rt, stored)).collect()
+        let (items, _) =
+            self.shared()
+                .state()
+                .list(rt, &selectors::Filter::default(), store::ListAt::Latest)?;
+        items
+            .iter()
+            .map(|stored| Self::decode(rt, stored))
+            .collect()
     }
 
     /// Deletes an object without HTTP. Finalizers are honoured: an object with finalizers only
@@ -567,8 +647,15 @@ impl FakeApiServer {
         K: kube::Resource<DynamicType = ()>,
     {
         let rt = self.resource_type::<K>()?;
-        let ctx = WriteCtx { rt, namespace, dry_run: false, hooks: &[] };
-        self.shared().state().delete(&ctx, name, &Preconditions::default())?;
+        let ctx = WriteCtx {
+            rt,
+            namespace,
+            dry_run: false,
+            hooks: &[],
+        };
+        self.shared()
+            .state()
+            .delete(&ctx, name, &Preconditions::default())?;
         Ok(())
     }
 
@@ -580,7 +667,10 @@ impl FakeApiServer {
         if let Some(mut task) = task {
             // Graceful shutdown waits for open connections; a client that keeps one busy must not
             // stall the caller.
-            if tokio::time::timeout(Duration::from_secs(5), &mut task).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), &mut task)
+                .await
+                .is_err()
+            {
                 task.abort();
             }
         }

@@ -12,7 +12,11 @@ pub(crate) struct FieldError {
 
 impl FieldError {
     pub(crate) fn required(field: &str) -> Self {
-        Self { field: field.to_string(), reason: "FieldValueRequired", message: "Required value".into() }
+        Self {
+            field: field.to_string(),
+            reason: "FieldValueRequired",
+            message: "Required value".into(),
+        }
     }
 
     pub(crate) fn invalid(field: &str, value: &Value, detail: &str) -> Self {
@@ -30,7 +34,8 @@ impl FieldError {
 
 /// Follows a dot-separated path through nested objects (`spec.pool.name`).
 pub(crate) fn lookup<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
-    path.split('.').try_fold(value, |current, key| current.as_object()?.get(key))
+    path.split('.')
+        .try_fold(value, |current, key| current.as_object()?.get(key))
 }
 
 /// A field value as a field selector sees it: strings as-is, booleans and numbers printed,
@@ -67,7 +72,9 @@ fn is_label_chars(part: &str) -> bool {
 
 /// Current time as `metav1.Time` (RFC 3339, whole seconds, UTC).
 pub(crate) fn now_timestamp() -> String {
-    k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// A random RFC 4122 version-4 UID.
@@ -77,14 +84,23 @@ pub(crate) fn new_uid() -> String {
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 /// The five-character suffix `generateName` gets (same alphabet as the Go server: no vowels, no
 /// look-alike digits).
 pub(crate) fn generated_suffix() -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5).map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())])).collect()
+    (0..5)
+        .map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())]))
+        .collect()
 }
 
 /// An object taken apart: `metadata`, the type fields, and everything else.
@@ -117,11 +133,19 @@ impl Obj {
         };
         let api_version = type_field("apiVersion")?;
         let kind = type_field("kind")?;
-        Ok(Self { meta, body, api_version, kind })
+        Ok(Self {
+            meta,
+            body,
+            api_version,
+            kind,
+        })
     }
 
     pub(crate) fn meta_str(&self, key: &str) -> Option<&str> {
-        self.meta.get(key).and_then(Value::as_str).filter(|s| !s.is_empty())
+        self.meta
+            .get(key)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
     }
 
     pub(crate) fn name(&self) -> Option<&str> {
@@ -153,7 +177,10 @@ impl Obj {
     }
 
     pub(crate) fn finalizers_empty(&self) -> bool {
-        self.meta.get("finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty)
+        self.meta
+            .get("finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
     }
 
     /// The stored form: metadata plus body, without `apiVersion`/`kind` (stamped per request).
@@ -248,7 +275,11 @@ fn remove_segments(value: &mut Value, segments: &[&str]) {
         Some(key) => (key, true),
         None => (*first, false),
     };
-    let keys: Vec<String> = if key == "*" { map.keys().cloned().collect() } else { vec![key.to_string()] };
+    let keys: Vec<String> = if key == "*" {
+        map.keys().cloned().collect()
+    } else {
+        vec![key.to_string()]
+    };
     for key in keys {
         if rest.is_empty() {
             map.remove(&key);
@@ -256,7 +287,9 @@ fn remove_segments(value: &mut Value, segments: &[&str]) {
         }
         match map.get_mut(&key) {
             Some(Value::Array(items)) if each => {
-                items.iter_mut().for_each(|item| remove_segments(item, rest));
+                items
+                    .iter_mut()
+                    .for_each(|item| remove_segments(item, rest));
             }
             Some(child) if !each => remove_segments(child, rest),
             _ => {}
@@ -330,11 +363,16 @@ mod tests {
 
     #[test]
     fn obj_round_trip_and_rejects() {
-        let obj = Obj::from_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "spec": {}}))
-            .unwrap();
+        let obj = Obj::from_value(
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}, "spec": {}}),
+        )
+        .unwrap();
         assert_eq!(obj.name(), Some("n"));
         assert_eq!(obj.kind.as_deref(), Some("Node"));
-        assert_eq!(obj.into_value(), json!({"metadata": {"name": "n"}, "spec": {}}));
+        assert_eq!(
+            obj.into_value(),
+            json!({"metadata": {"name": "n"}, "spec": {}})
+        );
         assert!(Obj::from_value(json!([1])).is_err());
         assert!(Obj::from_value(json!({"metadata": 3})).is_err());
         assert!(Obj::from_value(json!({"kind": 3})).is_err());

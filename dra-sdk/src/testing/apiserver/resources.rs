@@ -54,23 +54,30 @@ pub struct ResourceType {
 
 impl ResourceType {
     /// `resource.k8s.io/v1` ResourceClaims: namespaced, `/status` subresource, immutable spec.
-    pub const RESOURCE_CLAIMS: Self = Self::new("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
-        .in_namespaces()
-        .status_subresource(true)
-        .immutable(&["spec"]);
-    /// `resource.k8s.io/v1` ResourceClaimTemplates: namespaced, immutable spec.
-    pub const RESOURCE_CLAIM_TEMPLATES: Self =
-        Self::new("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate")
+    pub const RESOURCE_CLAIMS: Self =
+        Self::new("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
             .in_namespaces()
+            .status_subresource(true)
             .immutable(&["spec"]);
+    /// `resource.k8s.io/v1` ResourceClaimTemplates: namespaced, immutable spec.
+    pub const RESOURCE_CLAIM_TEMPLATES: Self = Self::new(
+        "resource.k8s.io",
+        "v1",
+        "resourceclaimtemplates",
+        "ResourceClaimTemplate",
+    )
+    .in_namespaces()
+    .immutable(&["spec"]);
     /// `resource.k8s.io/v1` ResourceSlices: cluster-scoped, field selectors `spec.nodeName` and
     /// `spec.driver`, immutable driver, node name and pool name.
-    pub const RESOURCE_SLICES: Self = Self::new("resource.k8s.io", "v1", "resourceslices", "ResourceSlice")
-        .field_labels(&["spec.nodeName", "spec.driver"])
-        .immutable(&["spec.driver", "spec.nodeName", "spec.pool.name"])
-        .validator(validate_resource_slice);
+    pub const RESOURCE_SLICES: Self =
+        Self::new("resource.k8s.io", "v1", "resourceslices", "ResourceSlice")
+            .field_labels(&["spec.nodeName", "spec.driver"])
+            .immutable(&["spec.driver", "spec.nodeName", "spec.pool.name"])
+            .validator(validate_resource_slice);
     /// `resource.k8s.io/v1` DeviceClasses: cluster-scoped.
-    pub const DEVICE_CLASSES: Self = Self::new("resource.k8s.io", "v1", "deviceclasses", "DeviceClass");
+    pub const DEVICE_CLASSES: Self =
+        Self::new("resource.k8s.io", "v1", "deviceclasses", "DeviceClass");
     /// Core `v1` Nodes: cluster-scoped, `/status` subresource (kept on create), no generation.
     pub const NODES: Self = Self::new("", "v1", "nodes", "Node")
         .short_names(&["no"])
@@ -84,7 +91,12 @@ impl ResourceType {
         .in_namespaces()
         .short_names(&["po"])
         .status_subresource(true)
-        .field_labels(&["spec.nodeName", "spec.schedulerName", "spec.serviceAccountName", "status.phase"]);
+        .field_labels(&[
+            "spec.nodeName",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+        ]);
     /// Core `v1` Namespaces: cluster-scoped, `/status` subresource. Deleting one is immediate and
     /// does not delete its content; namespaced objects may be created without their namespace.
     pub const NAMESPACES: Self = Self::new("", "v1", "namespaces", "Namespace")
@@ -110,7 +122,12 @@ impl ResourceType {
         ]
     }
 
-    const fn new(group: &'static str, version: &'static str, plural: &'static str, kind: &'static str) -> Self {
+    const fn new(
+        group: &'static str,
+        version: &'static str,
+        plural: &'static str,
+        kind: &'static str,
+    ) -> Self {
         Self {
             group,
             version,
@@ -254,7 +271,9 @@ impl ResourceType {
 
     /// Whether `field` may be used in a field selector on this kind.
     pub(crate) fn supports_field(&self, field: &str) -> bool {
-        field == "metadata.name" || field == "metadata.namespace" || self.field_labels.contains(&field)
+        field == "metadata.name"
+            || field == "metadata.namespace"
+            || self.field_labels.contains(&field)
     }
 }
 
@@ -267,10 +286,16 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         errors.push(FieldError::required("spec"));
         return errors;
     }
-    if lookup(obj, "spec.driver").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if lookup(obj, "spec.driver")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         errors.push(FieldError::required("spec.driver"));
     }
-    if lookup(obj, "spec.pool.name").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if lookup(obj, "spec.pool.name")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         errors.push(FieldError::required("spec.pool.name"));
     }
     match lookup(obj, "spec.pool.resourceSliceCount").and_then(Value::as_i64) {
@@ -282,20 +307,29 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         )),
         None => errors.push(FieldError::required("spec.pool.resourceSliceCount")),
     }
-    if lookup(obj, "spec.pool.generation").and_then(Value::as_i64).is_some_and(|g| g < 0) {
+    if lookup(obj, "spec.pool.generation")
+        .and_then(Value::as_i64)
+        .is_some_and(|g| g < 0)
+    {
         errors.push(FieldError::invalid(
             "spec.pool.generation",
             lookup(obj, "spec.pool.generation").unwrap_or(&Value::Null),
             "must be greater than or equal to 0",
         ));
     }
-    let node_selection = ["nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection"]
-        .iter()
-        .filter(|field| {
-            lookup(obj, &format!("spec.{field}"))
-                .is_some_and(|v| !v.is_null() && v != &Value::Bool(false) && v != &Value::String(String::new()))
+    let node_selection = [
+        "nodeName",
+        "nodeSelector",
+        "allNodes",
+        "perDeviceNodeSelection",
+    ]
+    .iter()
+    .filter(|field| {
+        lookup(obj, &format!("spec.{field}")).is_some_and(|v| {
+            !v.is_null() && v != &Value::Bool(false) && v != &Value::String(String::new())
         })
-        .count();
+    })
+    .count();
     if node_selection != 1 {
         errors.push(FieldError {
             field: "spec".into(),
@@ -306,20 +340,26 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
     if let Some(devices) = lookup(obj, "spec.devices").and_then(Value::as_array) {
         let advanced = devices.iter().any(|d| {
             lookup(d, "taints").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-                || lookup(d, "consumesCounters").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+                || lookup(d, "consumesCounters")
+                    .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
         });
         let limit = if advanced { 64 } else { 128 };
         if devices.len() > limit {
             errors.push(FieldError {
                 field: "spec.devices".into(),
                 reason: "FieldValueTooMany",
-                message: format!("Too many: {}: must have at most {limit} items", devices.len()),
+                message: format!(
+                    "Too many: {}: must have at most {limit} items",
+                    devices.len()
+                ),
             });
         }
         let mut seen = std::collections::BTreeSet::new();
         for (index, device) in devices.iter().enumerate() {
             match lookup(device, "name").and_then(Value::as_str) {
-                None | Some("") => errors.push(FieldError::required(&format!("spec.devices[{index}].name"))),
+                None | Some("") => {
+                    errors.push(FieldError::required(&format!("spec.devices[{index}].name")))
+                }
                 Some(name) => {
                     if !seen.insert(name) {
                         errors.push(FieldError {
@@ -332,8 +372,12 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
             }
         }
     }
-    if lookup(obj, "spec.sharedCounters").and_then(Value::as_array).is_some_and(|c| !c.is_empty())
-        && lookup(obj, "spec.devices").and_then(Value::as_array).is_some_and(|d| !d.is_empty())
+    if lookup(obj, "spec.sharedCounters")
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty())
+        && lookup(obj, "spec.devices")
+            .and_then(Value::as_array)
+            .is_some_and(|d| !d.is_empty())
     {
         errors.push(FieldError {
             field: "spec".into(),
@@ -382,10 +426,18 @@ mod tests {
             "pool": {"name": "p", "generation": 0, "resourceSliceCount": 0},
             "devices": [{"name": "a"}, {"name": "a"}],
         }));
-        let fields: Vec<_> = validate_resource_slice(&obj).into_iter().map(|e| e.field).collect();
+        let fields: Vec<_> = validate_resource_slice(&obj)
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
         assert_eq!(
             fields,
-            ["spec.driver", "spec.pool.resourceSliceCount", "spec", "spec.devices[1].name"]
+            [
+                "spec.driver",
+                "spec.pool.resourceSliceCount",
+                "spec",
+                "spec.devices[1].name"
+            ]
         );
     }
 
@@ -403,9 +455,16 @@ mod tests {
         let rt = ResourceType::NODES;
         assert_eq!(rt.api_version(), "v1");
         assert_eq!(rt.qualified_resource(), "nodes");
-        assert_eq!(ResourceType::RESOURCE_SLICES.qualified_kind(), "ResourceSlice.resource.k8s.io");
+        assert_eq!(
+            ResourceType::RESOURCE_SLICES.qualified_kind(),
+            "ResourceSlice.resource.k8s.io"
+        );
         assert_eq!(ResourceType::RESOURCE_CLAIMS.singular(), "resourceclaim");
-        assert!(!ResourceType::NAMESPACES.verbs().contains(&"deletecollection"));
+        assert!(
+            !ResourceType::NAMESPACES
+                .verbs()
+                .contains(&"deletecollection")
+        );
         assert!(ResourceType::RESOURCE_SLICES.supports_field("spec.driver"));
         assert!(!ResourceType::RESOURCE_CLAIMS.supports_field("spec.driver"));
     }

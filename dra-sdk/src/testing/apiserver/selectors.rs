@@ -26,7 +26,9 @@ impl FieldSelector {
             } else if let Some((f, v)) = term.split_once('=') {
                 (f, true, v)
             } else {
-                return Err(format!("invalid selector: '{input}'; can't understand '{term}'"));
+                return Err(format!(
+                    "invalid selector: '{input}'; can't understand '{term}'"
+                ));
             };
             let field = field.trim();
             if !rt.supports_field(field) {
@@ -38,7 +40,9 @@ impl FieldSelector {
     }
 
     pub(crate) fn matches(&self, obj: &Value) -> bool {
-        self.terms.iter().all(|(field, equal, value)| (field_value(obj, field) == *value) == *equal)
+        self.terms
+            .iter()
+            .all(|(field, equal, value)| (field_value(obj, field) == *value) == *equal)
     }
 }
 
@@ -62,7 +66,11 @@ pub(crate) struct LabelSelector {
 impl LabelSelector {
     pub(crate) fn parse(input: &str) -> Result<Self, String> {
         let mut requirements = Vec::new();
-        for term in split_top_level(input).into_iter().map(str::trim).filter(|t| !t.is_empty()) {
+        for term in split_top_level(input)
+            .into_iter()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        {
             requirements.push(parse_requirement(term).ok_or_else(|| {
                 format!("unable to parse requirement: <{term}> in label selector \"{input}\"")
             })?);
@@ -106,7 +114,8 @@ fn split_top_level(input: &str) -> Vec<&str> {
 fn parse_requirement(term: &str) -> Option<Requirement> {
     let valid_key = |k: &str| {
         !k.is_empty()
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
     };
     if let Some(key) = term.strip_prefix('!') {
         let key = key.trim();
@@ -114,11 +123,13 @@ fn parse_requirement(term: &str) -> Option<Requirement> {
     }
     if let Some((key, value)) = term.split_once("!=") {
         let key = key.trim();
-        return valid_key(key).then(|| Requirement::NotEquals(key.to_string(), value.trim().to_string()));
+        return valid_key(key)
+            .then(|| Requirement::NotEquals(key.to_string(), value.trim().to_string()));
     }
     if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
         let key = key.trim();
-        return valid_key(key).then(|| Requirement::Equals(key.to_string(), value.trim().to_string()));
+        return valid_key(key)
+            .then(|| Requirement::Equals(key.to_string(), value.trim().to_string()));
     }
     let mut words = term.splitn(2, char::is_whitespace);
     let key = words.next()?.trim();
@@ -177,18 +188,28 @@ mod tests {
     #[test]
     fn field_selector_operators() {
         let rt = ResourceType::RESOURCE_SLICES;
-        let sel = FieldSelector::parse("spec.nodeName=n1,spec.driver==gpu.example.com", &rt).unwrap();
+        let sel =
+            FieldSelector::parse("spec.nodeName=n1,spec.driver==gpu.example.com", &rt).unwrap();
         assert!(sel.matches(&slice("n1", "gpu.example.com")));
         assert!(!sel.matches(&slice("n2", "gpu.example.com")));
         let sel = FieldSelector::parse("spec.nodeName!=n1", &rt).unwrap();
         assert!(sel.matches(&slice("n2", "d")));
-        assert!(FieldSelector::parse("", &rt).unwrap().matches(&slice("x", "y")));
-        assert!(FieldSelector::parse("metadata.name=s", &rt).unwrap().matches(&slice("x", "y")));
+        assert!(
+            FieldSelector::parse("", &rt)
+                .unwrap()
+                .matches(&slice("x", "y"))
+        );
+        assert!(
+            FieldSelector::parse("metadata.name=s", &rt)
+                .unwrap()
+                .matches(&slice("x", "y"))
+        );
     }
 
     #[test]
     fn field_selector_rejects_unknown_fields() {
-        let err = FieldSelector::parse("spec.driver=x", &ResourceType::RESOURCE_CLAIMS).unwrap_err();
+        let err =
+            FieldSelector::parse("spec.driver=x", &ResourceType::RESOURCE_CLAIMS).unwrap_err();
         assert_eq!(err, "field label not supported: spec.driver");
         assert!(FieldSelector::parse("spec.driver", &ResourceType::RESOURCE_SLICES).is_err());
     }
@@ -208,7 +229,11 @@ mod tests {
             ("missing notin (x)", true),
             ("", true),
         ] {
-            assert_eq!(LabelSelector::parse(selector).unwrap().matches(&obj), expected, "{selector}");
+            assert_eq!(
+                LabelSelector::parse(selector).unwrap().matches(&obj),
+                expected,
+                "{selector}"
+            );
         }
         assert!(LabelSelector::parse("tier in gpu").is_err());
         assert!(LabelSelector::parse("a b c").is_err());
@@ -216,7 +241,10 @@ mod tests {
 
     #[test]
     fn filter_checks_namespace() {
-        let filter = Filter { namespace: Some("ns".into()), ..Filter::default() };
+        let filter = Filter {
+            namespace: Some("ns".into()),
+            ..Filter::default()
+        };
         assert!(filter.matches(&json!({"metadata": {"namespace": "ns"}})));
         assert!(!filter.matches(&json!({"metadata": {"namespace": "other"}})));
     }

@@ -41,7 +41,10 @@ impl Verb {
 
     /// Whether the verb changes state.
     pub fn is_write(self) -> bool {
-        matches!(self, Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection)
+        matches!(
+            self,
+            Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+        )
     }
 }
 
@@ -142,7 +145,11 @@ impl Stats {
 
     pub(crate) fn record(&mut self, resource: &str, verb: Verb) {
         *self.total.slot(verb) += 1;
-        *self.by_resource.entry(resource.to_string()).or_default().slot(verb) += 1;
+        *self
+            .by_resource
+            .entry(resource.to_string())
+            .or_default()
+            .slot(verb) += 1;
     }
 }
 

@@ -18,7 +18,13 @@ pub(crate) struct ApiError {
 
 impl ApiError {
     pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None, retry_after: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+            retry_after: None,
+        }
     }
 
     /// The reason the real server uses for a bare HTTP code.
@@ -47,8 +53,17 @@ impl ApiError {
         Self::new(400, "BadRequest", message)
     }
 
+    /// A plain Go error surfacing from storage: 500 with no reason, the message as is.
+    pub(crate) fn unclassified(message: impl Into<String>) -> Self {
+        Self::new(500, "", message)
+    }
+
     pub(crate) fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     fn with_resource_details(mut self, rt: &ResourceType, name: &str) -> Self {
@@ -57,13 +72,21 @@ impl ApiError {
     }
 
     pub(crate) fn not_found(rt: &ResourceType, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", rt.qualified_resource()))
-            .with_resource_details(rt, name)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", rt.qualified_resource()),
+        )
+        .with_resource_details(rt, name)
     }
 
     pub(crate) fn already_exists(rt: &ResourceType, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", rt.qualified_resource()))
-            .with_resource_details(rt, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", rt.qualified_resource()),
+        )
+        .with_resource_details(rt, name)
     }
 
     /// 409 Conflict, the optimistic-concurrency failure (`detail` says which precondition).
@@ -71,7 +94,10 @@ impl ApiError {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {detail}", rt.qualified_resource()),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {detail}",
+                rt.qualified_resource()
+            ),
         )
         .with_resource_details(rt, name)
     }
@@ -86,7 +112,10 @@ impl ApiError {
 
     /// 422 Invalid listing field errors in `details.causes`.
     pub(crate) fn invalid(rt: &ResourceType, name: &str, errors: &[FieldError]) -> Self {
-        let summary: Vec<String> = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect();
+        let summary: Vec<String> = errors
+            .iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect();
         let summary = if summary.len() == 1 {
             summary.join("")
         } else {
@@ -101,7 +130,8 @@ impl ApiError {
             "Invalid",
             format!("{} \"{name}\" is invalid: {summary}", rt.qualified_kind()),
         );
-        err.details = Some(json!({"name": name, "group": rt.group, "kind": rt.kind, "causes": causes}));
+        err.details =
+            Some(json!({"name": name, "group": rt.group, "kind": rt.kind, "causes": causes}));
         err
     }
 
@@ -113,9 +143,12 @@ impl ApiError {
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
             "code": self.code,
         });
+        // An unclassified error has an empty reason, which the server omits.
+        if !self.reason.is_empty() {
+            status["reason"] = json!(self.reason);
+        }
         let mut details = self.details.clone();
         if let Some(seconds) = self.retry_after {
             let details = details.get_or_insert_with(|| json!({}));
@@ -139,17 +172,25 @@ mod tests {
         let status: kube::core::Status = serde_json::from_value(err.to_status()).unwrap();
         assert!(status.is_conflict());
         assert_eq!(status.code, 409);
-        assert!(status.message.contains("resourceslices.resource.k8s.io \"s1\""));
+        assert!(
+            status
+                .message
+                .contains("resourceslices.resource.k8s.io \"s1\"")
+        );
 
         let status: kube::core::Status =
-            serde_json::from_value(ApiError::not_found(&ResourceType::NODES, "n").to_status()).unwrap();
+            serde_json::from_value(ApiError::not_found(&ResourceType::NODES, "n").to_status())
+                .unwrap();
         assert!(status.is_not_found());
         assert_eq!(status.message, "nodes \"n\" not found");
 
         let err = ApiError::invalid(&rt, "s", &[FieldError::required("spec.driver")]);
         let status: kube::core::Status = serde_json::from_value(err.to_status()).unwrap();
         assert!(status.is_invalid());
-        assert_eq!(status.message, "ResourceSlice.resource.k8s.io \"s\" is invalid: spec.driver: Required value");
+        assert_eq!(
+            status.message,
+            "ResourceSlice.resource.k8s.io \"s\" is invalid: spec.driver: Required value"
+        );
         assert_eq!(status.details.unwrap().causes[0].field, "spec.driver");
     }
 

@@ -33,7 +33,11 @@ impl ObjectKey {
         Self {
             group: rt.group,
             plural: rt.plural,
-            namespace: if rt.namespaced { namespace.unwrap_or_default().to_string() } else { String::new() },
+            namespace: if rt.namespaced {
+                namespace.unwrap_or_default().to_string()
+            } else {
+                String::new()
+            },
             name: name.to_string(),
         }
     }
@@ -103,8 +107,14 @@ pub(crate) enum ListAt {
 }
 
 /// Fields a client cannot set on create and cannot change on update.
-const SYSTEM_FIELDS: [&str; 6] =
-    ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "resourceVersion"];
+const SYSTEM_FIELDS: [&str; 6] = [
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "resourceVersion",
+];
 
 pub(crate) struct State {
     objects: BTreeMap<ObjectKey, Arc<Value>>,
@@ -142,7 +152,12 @@ impl State {
         self.notify.subscribe()
     }
 
-    pub(crate) fn get(&self, rt: &ResourceType, namespace: Option<&str>, name: &str) -> Result<Arc<Value>, ApiError> {
+    pub(crate) fn get(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Value>, ApiError> {
         self.objects
             .get(&ObjectKey::new(rt, namespace, name))
             .cloned()
@@ -162,15 +177,18 @@ impl State {
             namespace: namespace.clone().unwrap_or_default(),
             name: String::new(),
         };
-        self.objects
-            .range(start..)
-            .take_while(move |(key, _)| {
-                key.is_resource(rt) && namespace.as_deref().is_none_or(|ns| key.namespace == ns)
-            })
+        self.objects.range(start..).take_while(move |(key, _)| {
+            key.is_resource(rt) && namespace.as_deref().is_none_or(|ns| key.namespace == ns)
+        })
     }
 
     /// Lists matching objects and the resourceVersion the list reflects.
-    pub(crate) fn list(&self, rt: &ResourceType, filter: &Filter, at: ListAt) -> Result<(Vec<Arc<Value>>, u64), ApiError> {
+    pub(crate) fn list(
+        &self,
+        rt: &ResourceType,
+        filter: &Filter,
+        at: ListAt,
+    ) -> Result<(Vec<Arc<Value>>, u64), ApiError> {
         match at {
             ListAt::Exact(rv) if rv != self.rv => {
                 if rv < self.compacted {
@@ -184,8 +202,10 @@ impl State {
                     ));
                 }
                 // Roll the current state back through the history to `rv`.
-                let mut state: BTreeMap<&ObjectKey, Arc<Value>> =
-                    self.current(rt, None).map(|(k, v)| (k, v.clone())).collect();
+                let mut state: BTreeMap<&ObjectKey, Arc<Value>> = self
+                    .current(rt, None)
+                    .map(|(k, v)| (k, v.clone()))
+                    .collect();
                 for event in self.history.iter().rev().take_while(|e| e.rv > rv) {
                     if !event.key.is_resource(rt) {
                         continue;
@@ -200,16 +220,29 @@ impl State {
                         (_, None) => {}
                     }
                 }
-                let items = state.into_values().filter(|obj| filter.matches(obj)).collect();
+                let items = state
+                    .into_values()
+                    .filter(|obj| filter.matches(obj))
+                    .collect();
                 Ok((items, rv))
             }
-            _ => Ok((self.current(rt, filter.namespace.as_deref()).map(|(_, v)| v.clone()).filter(|o| filter.matches(o)).collect(), self.rv)),
+            _ => Ok((
+                self.current(rt, filter.namespace.as_deref())
+                    .map(|(_, v)| v.clone())
+                    .filter(|o| filter.matches(o))
+                    .collect(),
+                self.rv,
+            )),
         }
     }
 
     /// The 410 a list or watch gets for a resourceVersion older than the kept history.
     pub(crate) fn expired(&self, rv: u64) -> ApiError {
-        ApiError::new(410, "Expired", format!("too old resource version: {rv} ({})", self.compacted))
+        ApiError::new(
+            410,
+            "Expired",
+            format!("too old resource version: {rv} ({})", self.compacted),
+        )
     }
 
     /// Events after `cursor` and the current resourceVersion, or `Err` with the compaction point
@@ -222,7 +255,11 @@ impl State {
         Ok((self.history.range(start..).cloned().collect(), self.rv))
     }
 
-    pub(crate) fn create(&mut self, ctx: &WriteCtx<'_>, body: Value) -> Result<Arc<Value>, ApiError> {
+    pub(crate) fn create(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        body: Value,
+    ) -> Result<Arc<Value>, ApiError> {
         let rt = ctx.rt;
         let mut obj = Obj::from_value(body).map_err(|m| decode_error(rt, &m))?;
         check_type(rt, &obj)?;
@@ -238,26 +275,36 @@ impl State {
             obj.meta.remove("namespace");
         }
         if obj.resource_version().is_some() {
-            // The real server fails this deep in storage, hence the odd 500.
-            return Err(ApiError::internal("resourceVersion should not be set on objects to be created"));
+            // The real server fails this deep in storage, hence the odd reasonless 500.
+            return Err(ApiError::unclassified(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         let name = match (obj.name(), obj.meta_str("generateName")) {
             (Some(name), _) => name.to_string(),
             (None, Some(prefix)) => self.generate_name(rt, ctx.namespace, prefix),
             (None, None) => {
-                return Err(ApiError::invalid(rt, "", &[FieldError {
-                    field: "metadata.name".into(),
-                    reason: "FieldValueRequired",
-                    message: "Required value: name or generateName is required".into(),
-                }]));
+                return Err(ApiError::invalid(
+                    rt,
+                    "",
+                    &[FieldError {
+                        field: "metadata.name".into(),
+                        reason: "FieldValueRequired",
+                        message: "Required value: name or generateName is required".into(),
+                    }],
+                ));
             }
         };
         if !is_dns_subdomain(&name) {
-            return Err(ApiError::invalid(rt, &name, &[FieldError::invalid(
-                "metadata.name",
-                &Value::from(name.as_str()),
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-            )]));
+            return Err(ApiError::invalid(
+                rt,
+                &name,
+                &[FieldError::invalid(
+                    "metadata.name",
+                    &Value::from(name.as_str()),
+                    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                )],
+            ));
         }
         obj.set_meta("name", name.as_str());
         for field in SYSTEM_FIELDS.iter().chain(&["selfLink", "managedFields"]) {
@@ -268,7 +315,11 @@ impl State {
         if rt.generation {
             obj.set_meta("generation", 1);
         }
-        if rt.status == (StatusMode::Subresource { clear_on_create: true }) {
+        if rt.status
+            == (StatusMode::Subresource {
+                clear_on_create: true,
+            })
+        {
             obj.body.remove("status");
         }
         let obj = admit(ctx, obj, &name)?;
@@ -284,7 +335,10 @@ impl State {
         let prefix: String = prefix.chars().take(58).collect();
         let mut name = format!("{prefix}{}", generated_suffix());
         for _ in 0..16 {
-            if !self.objects.contains_key(&ObjectKey::new(rt, namespace, &name)) {
+            if !self
+                .objects
+                .contains_key(&ObjectKey::new(rt, namespace, &name))
+            {
                 break;
             }
             name = format!("{prefix}{}", generated_suffix());
@@ -293,9 +347,19 @@ impl State {
     }
 
     /// PUT, on the object (`status == false`) or its `/status` subresource.
-    pub(crate) fn replace(&mut self, ctx: &WriteCtx<'_>, name: &str, body: Value, status: bool) -> Result<Arc<Value>, ApiError> {
+    pub(crate) fn replace(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        name: &str,
+        body: Value,
+        status: bool,
+    ) -> Result<Arc<Value>, ApiError> {
         let key = ObjectKey::new(ctx.rt, ctx.namespace, name);
-        let current = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(ctx.rt, name))?;
+        let current = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(ctx.rt, name))?;
         let candidate = Obj::from_value(body).map_err(|m| decode_error(ctx.rt, &m))?;
         self.update(ctx, key, current, candidate, status)
     }
@@ -315,7 +379,10 @@ impl State {
                 PatchBody::Apply { config, manager } if !status => {
                     let created = self.create_applied(ctx, name, config.clone())?;
                     if !ctx.dry_run {
-                        self.applied.entry(key).or_default().insert((manager, status), config);
+                        self.applied
+                            .entry(key)
+                            .or_default()
+                            .insert((manager, status), config);
                     }
                     Ok((created, true))
                 }
@@ -331,10 +398,18 @@ impl State {
                 }
                 merge_patch(&mut doc, &patch);
             }
-            PatchBody::Json(ops) => json_patch::patch(&mut doc, &ops)
-                .map_err(|e| ApiError::new(422, "Invalid", format!("the JSON patch could not be applied: {e}")))?,
+            PatchBody::Json(ops) => json_patch::patch(&mut doc, &ops).map_err(|e| {
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("the JSON patch could not be applied: {e}"),
+                )
+            })?,
             PatchBody::Apply { config, manager } => {
-                let previous = self.applied.get(&key).and_then(|m| m.get(&(manager.clone(), status)));
+                let previous = self
+                    .applied
+                    .get(&key)
+                    .and_then(|m| m.get(&(manager.clone(), status)));
                 merge_patch(&mut doc, &apply_patch(previous, &config));
                 remember = Some((manager, config));
             }
@@ -342,20 +417,33 @@ impl State {
         let candidate = Obj::from_value(doc).map_err(|m| decode_error(rt, &m))?;
         let result = self.update(ctx, key.clone(), current, candidate, status)?;
         if let (Some((manager, config)), false) = (remember, ctx.dry_run) {
-            self.applied.entry(key).or_default().insert((manager, status), config);
+            self.applied
+                .entry(key)
+                .or_default()
+                .insert((manager, status), config);
         }
         Ok((result, false))
     }
 
-    fn create_applied(&mut self, ctx: &WriteCtx<'_>, name: &str, mut config: Value) -> Result<Arc<Value>, ApiError> {
+    fn create_applied(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        name: &str,
+        mut config: Value,
+    ) -> Result<Arc<Value>, ApiError> {
         let obj = Obj::from_value(config.clone()).map_err(|m| decode_error(ctx.rt, &m))?;
         if obj.api_version.is_none() || obj.kind.is_none() {
-            return Err(ApiError::bad_request("apiVersion and kind must be set in an apply patch"));
+            return Err(ApiError::bad_request(
+                "apiVersion and kind must be set in an apply patch",
+            ));
         }
         match obj.name() {
             Some(body_name) if body_name != name => return Err(name_mismatch(body_name, name)),
             Some(_) => {}
-            None => merge_patch(&mut config, &serde_json::json!({"metadata": {"name": name}})),
+            None => merge_patch(
+                &mut config,
+                &serde_json::json!({"metadata": {"name": name}}),
+            ),
         }
         self.create(ctx, config)
     }
@@ -375,13 +463,20 @@ impl State {
         if candidate.name() != Some(name.as_str()) {
             return Err(name_mismatch(candidate.name().unwrap_or_default(), &name));
         }
-        if rt.namespaced && candidate.meta_str("namespace").is_some_and(|ns| ns != key.namespace) {
+        if rt.namespaced
+            && candidate
+                .meta_str("namespace")
+                .is_some_and(|ns| ns != key.namespace)
+        {
             return Err(ApiError::bad_request(
                 "the namespace of the provided object does not match the namespace sent on the request",
             ));
         }
         let stored = Obj::from_value((*current).clone()).map_err(ApiError::internal)?;
-        if candidate.resource_version().is_some_and(|rv| Some(rv) != stored.resource_version()) {
+        if candidate
+            .resource_version()
+            .is_some_and(|rv| Some(rv) != stored.resource_version())
+        {
             return Err(ApiError::stale(rt, &name));
         }
         let mut next = if status {
@@ -393,14 +488,22 @@ impl State {
             if rt.has_status_subresource() {
                 candidate.copy_field_from(&stored, "status");
             }
-            for field in SYSTEM_FIELDS.iter().chain(&["namespace", "selfLink", "managedFields"]) {
+            for field in SYSTEM_FIELDS
+                .iter()
+                .chain(&["namespace", "selfLink", "managedFields"])
+            {
                 candidate.copy_meta_from(&stored, field);
             }
             let errors: Vec<FieldError> = rt
                 .immutable
                 .iter()
                 .filter(|path| obj_lookup(&stored, path) != obj_lookup(&candidate, path))
-                .map(|path| FieldError::immutable(path, obj_lookup(&candidate, path).unwrap_or(&Value::Null)))
+                .map(|path| {
+                    FieldError::immutable(
+                        path,
+                        obj_lookup(&candidate, path).unwrap_or(&Value::Null),
+                    )
+                })
                 .collect();
             if !errors.is_empty() {
                 return Err(ApiError::invalid(rt, &name, &errors));
@@ -434,7 +537,11 @@ impl State {
     ) -> Result<(Arc<Value>, bool), ApiError> {
         let rt = ctx.rt;
         let key = ObjectKey::new(rt, ctx.namespace, name);
-        let current = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
+        let current = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))?;
         let stored = Obj::from_value((*current).clone()).map_err(ApiError::internal)?;
         if let Some(uid) = preconditions.uid.as_deref()
             && Some(uid) != stored.meta_str("uid")
@@ -470,18 +577,34 @@ impl State {
     }
 
     /// DELETE on a collection: deletes every match, returns what it deleted (or marked).
-    pub(crate) fn delete_collection(&mut self, ctx: &WriteCtx<'_>, filter: &Filter) -> Result<Vec<Arc<Value>>, ApiError> {
-        let targets: Vec<ObjectKey> =
-            self.current(ctx.rt, filter.namespace.as_deref()).filter(|(_, obj)| filter.matches(obj)).map(|(k, _)| k.clone()).collect();
+    pub(crate) fn delete_collection(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        filter: &Filter,
+    ) -> Result<Vec<Arc<Value>>, ApiError> {
+        let targets: Vec<ObjectKey> = self
+            .current(ctx.rt, filter.namespace.as_deref())
+            .filter(|(_, obj)| filter.matches(obj))
+            .map(|(k, _)| k.clone())
+            .collect();
         let mut deleted = Vec::with_capacity(targets.len());
         for key in targets {
-            let ctx = WriteCtx { namespace: Some(&key.namespace), ..*ctx };
+            let ctx = WriteCtx {
+                namespace: Some(&key.namespace),
+                ..*ctx
+            };
             deleted.push(self.delete(&ctx, &key.name, &Preconditions::default())?.0);
         }
         Ok(deleted)
     }
 
-    fn commit(&mut self, ctx: &WriteCtx<'_>, key: ObjectKey, mut obj: Obj, prev: Option<Arc<Value>>) -> Arc<Value> {
+    fn commit(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        key: ObjectKey,
+        mut obj: Obj,
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
         if ctx.dry_run {
             return Arc::new(obj.into_value());
         }
@@ -489,12 +612,22 @@ impl State {
         obj.set_meta("resourceVersion", self.rv.to_string());
         let value = Arc::new(obj.into_value());
         self.objects.insert(key.clone(), value.clone());
-        let kind = if prev.is_some() { EventType::Modified } else { EventType::Added };
+        let kind = if prev.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
         self.record(key, kind, value.clone(), prev);
         value
     }
 
-    fn commit_removal(&mut self, ctx: &WriteCtx<'_>, key: ObjectKey, mut last: Obj, prev: Arc<Value>) -> Arc<Value> {
+    fn commit_removal(
+        &mut self,
+        ctx: &WriteCtx<'_>,
+        key: ObjectKey,
+        mut last: Obj,
+        prev: Arc<Value>,
+    ) -> Arc<Value> {
         if ctx.dry_run {
             return Arc::new(last.into_value());
         }
@@ -507,8 +640,20 @@ impl State {
         value
     }
 
-    fn record(&mut self, key: ObjectKey, kind: EventType, object: Arc<Value>, prev: Option<Arc<Value>>) {
-        self.history.push_back(Arc::new(Event { rv: self.rv, key, kind, object, prev }));
+    fn record(
+        &mut self,
+        key: ObjectKey,
+        kind: EventType,
+        object: Arc<Value>,
+        prev: Option<Arc<Value>>,
+    ) {
+        self.history.push_back(Arc::new(Event {
+            rv: self.rv,
+            key,
+            kind,
+            object,
+            prev,
+        }));
         while self.history.len() > self.history_limit {
             if let Some(dropped) = self.history.pop_front() {
                 self.compacted = dropped.rv;
@@ -533,7 +678,8 @@ fn admit(ctx: &WriteCtx<'_>, obj: Obj, name: &str) -> Result<Obj, ApiError> {
             return Err(ApiError::invalid(ctx.rt, name, &errors));
         }
     }
-    Obj::from_value(value).map_err(|m| ApiError::internal(format!("a write hook left an invalid object: {m}")))
+    Obj::from_value(value)
+        .map_err(|m| ApiError::internal(format!("a write hook left an invalid object: {m}")))
 }
 
 fn check_type(rt: &ResourceType, obj: &Obj) -> Result<(), ApiError> {
@@ -558,7 +704,10 @@ fn check_type(rt: &ResourceType, obj: &Obj) -> Result<(), ApiError> {
 }
 
 fn decode_error(rt: &ResourceType, message: &str) -> ApiError {
-    ApiError::bad_request(format!("the body of the request could not be decoded as a {}: {message}", rt.kind))
+    ApiError::bad_request(format!(
+        "the body of the request could not be decoded as a {}: {message}",
+        rt.kind
+    ))
 }
 
 fn name_mismatch(body_name: &str, url_name: &str) -> ApiError {
@@ -568,7 +717,10 @@ fn name_mismatch(body_name: &str, url_name: &str) -> ApiError {
 }
 
 fn generation(obj: &Obj) -> i64 {
-    obj.meta.get("generation").and_then(Value::as_i64).unwrap_or(0)
+    obj.meta
+        .get("generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
 }
 
 /// `lookup` on a split object: `metadata.*` in the metadata, everything else in the body.
@@ -582,7 +734,11 @@ fn obj_lookup<'a>(obj: &'a Obj, path: &str) -> Option<&'a Value> {
 fn lookup_map<'a>(map: &'a serde_json::Map<String, Value>, path: &str) -> Option<&'a Value> {
     let (first, rest) = path.split_once('.').unwrap_or((path, ""));
     let top = map.get(first)?;
-    if rest.is_empty() { Some(top) } else { lookup(top, rest) }
+    if rest.is_empty() {
+        Some(top)
+    } else {
+        lookup(top, rest)
+    }
 }
 
 #[cfg(test)]
@@ -592,7 +748,12 @@ mod tests {
     use super::*;
 
     fn ctx(rt: &ResourceType) -> WriteCtx<'_> {
-        WriteCtx { rt, namespace: Some("default"), dry_run: false, hooks: &[] }
+        WriteCtx {
+            rt,
+            namespace: Some("default"),
+            dry_run: false,
+            hooks: &[],
+        }
     }
 
     fn slice(name: &str, node: &str) -> Value {
@@ -611,7 +772,10 @@ mod tests {
         let obj = state.create(&ctx(&rt), slice("s1", "n1")).unwrap();
         assert_eq!(obj["metadata"]["resourceVersion"], "2");
         assert_eq!(obj["metadata"]["generation"], 1);
-        assert!(obj.get("apiVersion").is_none(), "type meta is stamped per response");
+        assert!(
+            obj.get("apiVersion").is_none(),
+            "type meta is stamped per response"
+        );
         assert_eq!(state.events_after(1).unwrap().0.len(), 1);
         let err = state.create(&ctx(&rt), slice("s1", "n1")).unwrap_err();
         assert_eq!((err.code, err.reason), (409, "AlreadyExists"));
@@ -622,7 +786,14 @@ mod tests {
         let rt = ResourceType::RESOURCE_SLICES;
         let mut state = State::new(100);
         let created = state.create(&ctx(&rt), slice("s1", "n1")).unwrap();
-        let again = state.replace(&ctx(&rt), "s1", with_type_meta(&created, "resource.k8s.io/v1", "ResourceSlice"), false).unwrap();
+        let again = state
+            .replace(
+                &ctx(&rt),
+                "s1",
+                with_type_meta(&created, "resource.k8s.io/v1", "ResourceSlice"),
+                false,
+            )
+            .unwrap();
         assert!(Arc::ptr_eq(&created, &again));
         assert_eq!(state.resource_version(), 2);
     }
@@ -633,17 +804,35 @@ mod tests {
         let mut state = State::new(100);
         state.create(&ctx(&rt), slice("s1", "n1")).unwrap();
         let err = state
-            .patch(&ctx(&rt), "s1", PatchBody::Merge(json!({"spec": {"nodeName": "n2"}})), false)
+            .patch(
+                &ctx(&rt),
+                "s1",
+                PatchBody::Merge(json!({"spec": {"nodeName": "n2"}})),
+                false,
+            )
             .unwrap_err();
         assert_eq!((err.code, err.reason), (422, "Invalid"));
         let (patched, _) = state
-            .patch(&ctx(&rt), "s1", PatchBody::Merge(json!({"spec": {"pool": {"generation": 2}}})), false)
+            .patch(
+                &ctx(&rt),
+                "s1",
+                PatchBody::Merge(json!({"spec": {"pool": {"generation": 2}}})),
+                false,
+            )
             .unwrap();
         assert_eq!(patched["metadata"]["generation"], 2);
         let (labelled, _) = state
-            .patch(&ctx(&rt), "s1", PatchBody::Merge(json!({"metadata": {"labels": {"a": "b"}}})), false)
+            .patch(
+                &ctx(&rt),
+                "s1",
+                PatchBody::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+                false,
+            )
             .unwrap();
-        assert_eq!(labelled["metadata"]["generation"], 2, "metadata changes keep the generation");
+        assert_eq!(
+            labelled["metadata"]["generation"], 2,
+            "metadata changes keep the generation"
+        );
     }
 
     #[test]
@@ -653,14 +842,24 @@ mod tests {
         state.create(&ctx(&rt), slice("a", "n1")).unwrap();
         let rv = state.resource_version();
         state.create(&ctx(&rt), slice("b", "n1")).unwrap();
-        state.delete(&ctx(&rt), "a", &Preconditions::default()).unwrap();
+        state
+            .delete(&ctx(&rt), "a", &Preconditions::default())
+            .unwrap();
         let (now, _) = state.list(&rt, &Filter::default(), ListAt::Latest).unwrap();
         assert_eq!(now.len(), 1);
-        let (then, at) = state.list(&rt, &Filter::default(), ListAt::Exact(rv)).unwrap();
+        let (then, at) = state
+            .list(&rt, &Filter::default(), ListAt::Exact(rv))
+            .unwrap();
         assert_eq!(at, rv);
         assert_eq!(then.len(), 1);
         assert_eq!(then[0]["metadata"]["name"], "a");
-        assert_eq!(state.list(&rt, &Filter::default(), ListAt::Exact(0)).unwrap_err().code, 410);
+        assert_eq!(
+            state
+                .list(&rt, &Filter::default(), ListAt::Exact(0))
+                .unwrap_err()
+                .code,
+            410
+        );
     }
 
     #[test]
@@ -680,11 +879,18 @@ mod tests {
         let mut state = State::new(100);
         let claim = json!({"metadata": {"name": "c", "finalizers": ["x"]}, "spec": {}});
         state.create(&ctx(&rt), claim).unwrap();
-        let (marked, gone) = state.delete(&ctx(&rt), "c", &Preconditions::default()).unwrap();
+        let (marked, gone) = state
+            .delete(&ctx(&rt), "c", &Preconditions::default())
+            .unwrap();
         assert!(!gone);
         assert!(marked["metadata"]["deletionTimestamp"].is_string());
         state
-            .patch(&ctx(&rt), "c", PatchBody::Merge(json!({"metadata": {"finalizers": null}})), false)
+            .patch(
+                &ctx(&rt),
+                "c",
+                PatchBody::Merge(json!({"metadata": {"finalizers": null}})),
+                false,
+            )
             .unwrap();
         assert_eq!(state.get(&rt, Some("default"), "c").unwrap_err().code, 404);
     }
@@ -698,9 +904,13 @@ mod tests {
                            "metadata": {"name": "gpu", "labels": labels}, "spec": {}}),
             manager: "m".into(),
         };
-        let (_, created) = state.patch(&ctx(&rt), "gpu", apply(json!({"a": "1", "b": "2"})), false).unwrap();
+        let (_, created) = state
+            .patch(&ctx(&rt), "gpu", apply(json!({"a": "1", "b": "2"})), false)
+            .unwrap();
         assert!(created);
-        let (obj, created) = state.patch(&ctx(&rt), "gpu", apply(json!({"a": "1"})), false).unwrap();
+        let (obj, created) = state
+            .patch(&ctx(&rt), "gpu", apply(json!({"a": "1"})), false)
+            .unwrap();
         assert!(!created);
         assert_eq!(obj["metadata"]["labels"], json!({"a": "1"}));
     }

@@ -60,7 +60,12 @@ pub(crate) fn spawn(shared: Arc<Shared>, spec: WatchSpec) -> Body {
     Body::from_stream(ReceiverStream::new(rx).map(Ok::<_, Infallible>))
 }
 
-async fn run(shared: &Shared, spec: &WatchSpec, tx: &mpsc::Sender<Bytes>, cancel: &CancellationToken) {
+async fn run(
+    shared: &Shared,
+    spec: &WatchSpec,
+    tx: &mpsc::Sender<Bytes>,
+    cancel: &CancellationToken,
+) {
     let encoder = Encoder::new(spec);
     let deadline = Instant::now() + spec.timeout;
     let mut changes = shared.state().subscribe();
@@ -78,7 +83,10 @@ async fn run(shared: &Shared, spec: &WatchSpec, tx: &mpsc::Sender<Bytes>, cancel
                 }
             };
             for chunk in items.chunks(INITIAL_CHUNK) {
-                let lines = chunk.iter().map(|obj| encoder.event("ADDED", obj)).collect::<Vec<_>>();
+                let lines = chunk
+                    .iter()
+                    .map(|obj| encoder.event("ADDED", obj))
+                    .collect::<Vec<_>>();
                 if !send(tx, cancel, Bytes::from(lines.concat())).await {
                     return;
                 }
@@ -104,7 +112,10 @@ async fn run(shared: &Shared, spec: &WatchSpec, tx: &mpsc::Sender<Bytes>, cancel
                 return;
             }
             Ok((events, rv)) => {
-                let lines: Vec<Vec<u8>> = events.iter().filter_map(|e| encoder.translate(spec, e)).collect();
+                let lines: Vec<Vec<u8>> = events
+                    .iter()
+                    .filter_map(|e| encoder.translate(spec, e))
+                    .collect();
                 cursor = rv;
                 if !lines.is_empty() && !send(tx, cancel, Bytes::from(lines.concat())).await {
                     return;
@@ -148,7 +159,11 @@ struct Encoder {
 
 impl Encoder {
     fn new(spec: &WatchSpec) -> Self {
-        Self { api_version: spec.rt.api_version(), kind: spec.rt.kind, metadata_only: spec.metadata_only }
+        Self {
+            api_version: spec.rt.api_version(),
+            kind: spec.rt.kind,
+            metadata_only: spec.metadata_only,
+        }
     }
 
     fn line(event: &Value) -> Vec<u8> {
@@ -182,7 +197,9 @@ impl Encoder {
     }
 
     fn error(&self, error: &ApiError) -> Bytes {
-        Bytes::from(Self::line(&json!({"type": "ERROR", "object": error.to_status()})))
+        Bytes::from(Self::line(
+            &json!({"type": "ERROR", "object": error.to_status()}),
+        ))
     }
 
     /// The event this watcher sees for a stored change, if any. Like the watch cache, a
@@ -195,7 +212,9 @@ impl Encoder {
         let matches = |obj: &Value| spec.filter.matches(obj);
         match event.kind {
             EventType::Added => matches(&event.object).then(|| self.event("ADDED", &event.object)),
-            EventType::Deleted => matches(&event.object).then(|| self.event("DELETED", &event.object)),
+            EventType::Deleted => {
+                matches(&event.object).then(|| self.event("DELETED", &event.object))
+            }
             EventType::Modified => {
                 let before = event.prev.as_deref().is_some_and(matches);
                 match (before, matches(&event.object)) {
@@ -203,8 +222,12 @@ impl Encoder {
                     (false, true) => Some(self.event("ADDED", &event.object)),
                     (true, false) => {
                         let mut last = event.prev.as_deref().cloned().unwrap_or(Value::Null);
-                        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut) {
-                            meta.insert("resourceVersion".into(), Value::from(event.rv.to_string()));
+                        if let Some(meta) = last.get_mut("metadata").and_then(Value::as_object_mut)
+                        {
+                            meta.insert(
+                                "resourceVersion".into(),
+                                Value::from(event.rv.to_string()),
+                            );
                         }
                         Some(self.event("DELETED", &last))
                     }
