@@ -136,7 +136,7 @@ pub(crate) fn plan_prepared(
     for (pool_name, pool) in &desired.pools {
         let current = by_pool.remove(pool_name.as_str()).unwrap_or_default();
         match prepared.pools.get(pool_name) {
-            Some(Ok(devices)) => plan_pool(
+            Some(Ok(devices)) if devices.len() == pool.devices.len() => plan_pool(
                 ctx,
                 pool_name,
                 pool,
@@ -148,11 +148,26 @@ pub(crate) fn plan_prepared(
             Some(Err(errors)) => {
                 plan.invalid.insert(pool_name.clone(), errors.clone());
             }
-            // Prepared from other resources: a caller bug, but never publish unvalidated.
-            None => {
-                plan.invalid
-                    .insert(pool_name.clone(), ValidationErrors::default());
-            }
+            // Prepared from other resources (a caller bug): prepare this pool now rather than
+            // publish it unvalidated.
+            Some(Ok(_)) | None => match validate_pool(ctx, pool_name, pool) {
+                Ok(()) => {
+                    let devices: Vec<api::Device> =
+                        pool.devices.iter().map(wire::device_to_api).collect();
+                    plan_pool(
+                        ctx,
+                        pool_name,
+                        pool,
+                        &devices,
+                        &current,
+                        memory.get(pool_name),
+                        &mut plan,
+                    );
+                }
+                Err(errors) => {
+                    plan.invalid.insert(pool_name.clone(), errors);
+                }
+            },
         }
     }
 
