@@ -1,0 +1,364 @@
+//! Name rules of `resource.k8s.io` and the publisher's slice naming scheme.
+
+use sha2::{Digest, Sha256};
+
+/// Maximum length of a DNS label.
+pub(crate) const DNS_LABEL_MAX: usize = 63;
+/// Maximum length of a DNS subdomain.
+pub(crate) const DNS_SUBDOMAIN_MAX: usize = 253;
+/// Maximum length of a driver name.
+pub(crate) const DRIVER_NAME_MAX: usize = 63;
+/// Maximum length of a pool name.
+pub(crate) const POOL_NAME_MAX: usize = 253;
+/// Maximum length of the identifier part of a qualified attribute or capacity name.
+pub(crate) const C_IDENTIFIER_MAX: usize = 32;
+/// Maximum length of the domain part of a qualified attribute or capacity name.
+pub(crate) const QUALIFIED_DOMAIN_MAX: usize = 63;
+
+type Rule = Result<(), &'static str>;
+
+fn is_lower_alnum(b: u8) -> bool {
+    b.is_ascii_lowercase() || b.is_ascii_digit()
+}
+
+/// One RFC 1123 label without a length limit (the callers apply theirs).
+fn label_chars(s: &str) -> Rule {
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (None, _) | (_, None) => Err("must not be empty"),
+        (Some(&first), Some(&last)) if !is_lower_alnum(first) || !is_lower_alnum(last) => {
+            Err("must start and end with a lower-case letter or digit")
+        }
+        _ if !bytes.iter().all(|&b| is_lower_alnum(b) || b == b'-') => {
+            Err("may contain only lower-case letters, digits and '-'")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A DNS label (RFC 1123): at most 63 lower-case letters, digits and `-`.
+pub(crate) fn dns_label(s: &str) -> Rule {
+    if s.len() > DNS_LABEL_MAX {
+        return Err("must be at most 63 characters");
+    }
+    label_chars(s)
+}
+
+/// A DNS subdomain (RFC 1123): labels joined by `.`, at most `max` characters in total.
+pub(crate) fn dns_subdomain_max(s: &str, max: usize) -> Rule {
+    if s.len() > max {
+        return Err(if max == DNS_SUBDOMAIN_MAX {
+            "must be at most 253 characters"
+        } else {
+            "is too long"
+        });
+    }
+    s.split('.').try_for_each(label_chars)
+}
+
+/// A DNS subdomain of at most 253 characters.
+pub(crate) fn dns_subdomain(s: &str) -> Rule {
+    dns_subdomain_max(s, DNS_SUBDOMAIN_MAX)
+}
+
+/// A driver name: a DNS subdomain of at most 63 characters.
+pub(crate) fn driver_name(s: &str) -> Rule {
+    if s.len() > DRIVER_NAME_MAX {
+        return Err("must be at most 63 characters");
+    }
+    dns_subdomain(s)
+}
+
+/// A pool name: DNS subdomains joined by `/`, at most 253 characters.
+pub(crate) fn pool_name(s: &str) -> Rule {
+    if s.len() > POOL_NAME_MAX {
+        return Err("must be at most 253 characters");
+    }
+    s.split('/').try_for_each(dns_subdomain)
+}
+
+/// A C identifier of at most 32 characters.
+pub(crate) fn c_identifier(s: &str) -> Rule {
+    let bytes = s.as_bytes();
+    if bytes.is_empty() {
+        return Err("must not be empty");
+    }
+    if s.len() > C_IDENTIFIER_MAX {
+        return Err("identifier must be at most 32 characters");
+    }
+    if bytes[0].is_ascii_digit() {
+        return Err("identifier must not start with a digit");
+    }
+    if !bytes
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err("identifier may contain only letters, digits and '_'");
+    }
+    Ok(())
+}
+
+/// An attribute or capacity name: a C identifier, optionally prefixed by `<domain>/`.
+pub(crate) fn qualified_name(s: &str) -> Rule {
+    match s.split_once('/') {
+        None => c_identifier(s),
+        Some((domain, identifier)) => {
+            if domain.len() > QUALIFIED_DOMAIN_MAX {
+                return Err("domain must be at most 63 characters");
+            }
+            dns_subdomain(domain)?;
+            c_identifier(identifier)
+        }
+    }
+}
+
+/// The name part of a label key, or a label value (which may also be empty).
+fn label_name_part(s: &str) -> Rule {
+    let bytes = s.as_bytes();
+    if s.len() > 63 {
+        return Err("must be at most 63 characters");
+    }
+    let edge_ok = |b: Option<&u8>| b.is_some_and(u8::is_ascii_alphanumeric);
+    if !edge_ok(bytes.first()) || !edge_ok(bytes.last()) {
+        return Err("must start and end with a letter or digit");
+    }
+    if !bytes
+        .iter()
+        .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err("may contain only letters, digits, '-', '_' and '.'");
+    }
+    Ok(())
+}
+
+/// A label key (taint keys, condition types): `[<DNS subdomain>/]<name>`.
+pub(crate) fn label_key(s: &str) -> Rule {
+    match s.split_once('/') {
+        None => label_name_part(s),
+        Some((prefix, name)) => {
+            dns_subdomain(prefix)?;
+            label_name_part(name)
+        }
+    }
+}
+
+/// A label value: empty, or at most 63 letters, digits, `-`, `_`, `.` with alphanumeric ends.
+pub(crate) fn label_value(s: &str) -> Rule {
+    if s.is_empty() {
+        return Ok(());
+    }
+    label_name_part(s)
+}
+
+/// A semantic version per semver.org 2.0.0.
+pub(crate) fn semver(s: &str) -> Rule {
+    const MSG: &str = "must be a semantic version (semver 2.0.0), e.g. 1.2.3-rc.1+build.5";
+    let (rest, build) = match s.split_once('+') {
+        Some((rest, build)) => (rest, Some(build)),
+        None => (s, None),
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (rest, None),
+    };
+    let numeric = |part: &str| {
+        !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && (part == "0" || !part.starts_with('0'))
+    };
+    let identifier = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    let core_parts: Vec<&str> = core.split('.').collect();
+    if core_parts.len() != 3 || !core_parts.iter().all(|p| numeric(p)) {
+        return Err(MSG);
+    }
+    if let Some(pre) = pre {
+        let ok = pre.split('.').all(|part| {
+            identifier(part) && (!part.bytes().all(|b| b.is_ascii_digit()) || numeric(part))
+        });
+        if !ok {
+            return Err(MSG);
+        }
+    }
+    if let Some(build) = build
+        && !build.split('.').all(identifier)
+    {
+        return Err(MSG);
+    }
+    Ok(())
+}
+
+/// Width of the zero-padded slice index at the end of a slice name.
+const INDEX_WIDTH: usize = 4;
+/// Hex digits of the scope hash in a slice name.
+const HASH_HEX: usize = 8;
+
+/// The name of slice `index` of a pool.
+///
+/// Layout: `<readable prefix>-<hash>-<index>`, where the prefix is `[<node>-]<driver>-<pool>`
+/// (`/` in the pool name becomes `.`), truncated so the name stays within 253 characters, the
+/// hash is the first 32 bits of SHA-256 over node, driver and pool (it keeps names unique when
+/// the readable prefix is ambiguous or truncated), and the index is zero-padded to four
+/// digits so that names sort in index order. The result is a valid DNS subdomain whenever the
+/// inputs pass validation.
+pub(crate) fn slice_name(node: Option<&str>, driver: &str, pool: &str, index: u32) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(node.unwrap_or_default());
+    hasher.update([0]);
+    hasher.update(driver);
+    hasher.update([0]);
+    hasher.update(pool);
+    let digest = hasher.finalize();
+    let hash: String = digest
+        .iter()
+        .take(HASH_HEX / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let suffix = format!("-{hash}-{index:0INDEX_WIDTH$}");
+
+    let mut prefix = String::with_capacity(DNS_SUBDOMAIN_MAX);
+    for part in node.into_iter().chain([driver, pool]) {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.extend(part.chars().map(|c| match c {
+            '/' => '.',
+            c => c.to_ascii_lowercase(),
+        }));
+    }
+    let budget = DNS_SUBDOMAIN_MAX.saturating_sub(suffix.len());
+    if prefix.len() > budget {
+        // The prefix is ASCII after validation; cut on a char boundary regardless.
+        let mut cut = budget;
+        while !prefix.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        prefix.truncate(cut);
+    }
+    // A label must not end in '-' and the name must not contain an empty label.
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    prefix + &suffix
+}
+
+/// The slice index encoded in `name` if it is this pool's slice name for that index.
+pub(crate) fn slice_index(name: &str, node: Option<&str>, driver: &str, pool: &str) -> Option<u32> {
+    let (_, index) = name.rsplit_once('-')?;
+    if index.len() < INDEX_WIDTH || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let index: u32 = index.parse().ok()?;
+    (slice_name(node, driver, pool, index) == name).then_some(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_rules() {
+        assert!(dns_label("gpu-0").is_ok());
+        assert!(dns_label("Gpu").is_err());
+        assert!(dns_label("-gpu").is_err());
+        assert!(dns_label("gpu.0").is_err());
+        assert!(dns_label(&"a".repeat(64)).is_err());
+        assert!(dns_subdomain("gpu.example.com").is_ok());
+        assert!(dns_subdomain("gpu..example.com").is_err());
+        assert!(dns_subdomain("gpu.-example.com").is_err());
+        assert!(driver_name(&format!("{}.com", "a".repeat(60))).is_err());
+        assert!(pool_name("cluster/rack-1/node.a").is_ok());
+        assert!(pool_name("cluster//x").is_err());
+    }
+
+    #[test]
+    fn qualified_names() {
+        assert!(qualified_name("model").is_ok());
+        assert!(qualified_name("resource.kubernetes.io/pcieRoot").is_ok());
+        assert!(qualified_name("1model").is_err());
+        assert!(qualified_name("model-name").is_err());
+        assert!(qualified_name(&"a".repeat(33)).is_err());
+        assert!(qualified_name("Example.com/model").is_err());
+        assert!(qualified_name("example.com/").is_err());
+    }
+
+    #[test]
+    fn label_rules() {
+        assert!(label_key("example.com/unhealthy").is_ok());
+        assert!(label_key("Unhealthy_1.x").is_ok());
+        assert!(label_key("example.com/-x").is_err());
+        assert!(label_value("").is_ok());
+        assert!(label_value("xid-79").is_ok());
+        assert!(label_value("bad value").is_err());
+    }
+
+    #[test]
+    fn semver_rules() {
+        for ok in [
+            "1.2.3",
+            "0.0.0",
+            "1.2.3-rc.1",
+            "1.2.3+build.5",
+            "1.2.3-0a.1+x-y",
+        ] {
+            assert!(semver(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "1.2",
+            "01.2.3",
+            "1.2.3-01",
+            "1.2.3-",
+            "1.2.3+",
+            "v1.2.3",
+            "1.2.3-a..b",
+        ] {
+            assert!(semver(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn slice_names_are_valid_stable_and_parseable() {
+        let name = slice_name(Some("node-1"), "gpu.example.com", "pool/a", 3);
+        assert!(name.starts_with("node-1-gpu.example.com-pool.a-"));
+        assert!(name.ends_with("-0003"));
+        assert!(dns_subdomain(&name).is_ok(), "{name}");
+        assert_eq!(
+            name,
+            slice_name(Some("node-1"), "gpu.example.com", "pool/a", 3)
+        );
+        assert_eq!(
+            slice_index(&name, Some("node-1"), "gpu.example.com", "pool/a"),
+            Some(3)
+        );
+        assert_eq!(
+            slice_index(&name, Some("node-1"), "gpu.example.com", "pool.a"),
+            None
+        );
+        // '/' and '.' spell the same prefix but hash differently.
+        assert_ne!(
+            slice_name(None, "d.io", "a/b", 0),
+            slice_name(None, "d.io", "a.b", 0)
+        );
+        assert!(slice_name(None, "d.io", "p", 12345).ends_with("-12345"));
+    }
+
+    #[test]
+    fn long_names_are_truncated_to_valid_subdomains() {
+        let pool = format!("{}/{}", "a".repeat(120), "b".repeat(120));
+        let node = "n".repeat(63);
+        let name = slice_name(Some(&node), "gpu.example.com", &pool, 0);
+        assert!(name.len() <= DNS_SUBDOMAIN_MAX);
+        assert!(dns_subdomain(&name).is_ok(), "{name}");
+        assert_eq!(
+            slice_index(&name, Some(&node), "gpu.example.com", &pool),
+            Some(0)
+        );
+        // Truncation right after a separator must not leave "-" or "." before the suffix.
+        for cut in 0..20 {
+            let pool = format!("{}.b", "a".repeat(160 + cut));
+            let name = slice_name(Some(&node), "gpu.example.com", &pool, 7);
+            assert!(dns_subdomain(&name).is_ok(), "{name}");
+        }
+    }
+}

@@ -1,0 +1,912 @@
+//! Validation of [`DriverResources`] before anything is sent.
+//!
+//! Every error names the pool, the device where there is one, and the field, so a driver can
+//! log it as is. Validation covers what the API server would reject (names, lengths, counts,
+//! references) for the release the publisher talks to; slice-level limits (devices per slice,
+//! counter sets per slice) cannot be violated because the publisher splits pools itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use super::limits::{CounterLayout, KubernetesVersion, SliceLimits};
+use super::model::{
+    AttributeValue, CapacityRequestPolicy, Device, DeviceNodeSelection, DriverResources,
+    NodeSelector, Pool, PoolNodeSelection, Quantity, ValidRequestValues,
+};
+use super::{names, quantity};
+
+/// Where a problem is: pool, device and field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldPath {
+    /// The pool, when the problem is inside one.
+    pub pool: Option<String>,
+    /// The device, when the problem is inside one.
+    pub device: Option<String>,
+    /// The field, in `resource.k8s.io` JSON spelling (`attributes["model"].string`).
+    pub field: String,
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(pool) = &self.pool {
+            write!(f, "pool {pool:?}, ")?;
+        }
+        if let Some(device) = &self.device {
+            write!(f, "device {device:?}, ")?;
+        }
+        write!(f, "{}", self.field)
+    }
+}
+
+/// What is wrong with a field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Problem {
+    /// The value breaks a syntax rule (DNS label, qualified name, quantity, semver …).
+    #[error("{value:?} is not a valid {rule}: {reason}")]
+    Invalid {
+        /// The offending value.
+        value: String,
+        /// The rule, e.g. "DNS label".
+        rule: &'static str,
+        /// Why it fails.
+        reason: &'static str,
+    },
+    /// A string is longer than allowed.
+    #[error("is {len} characters long; at most {max} are allowed")]
+    TooLong {
+        /// Actual length.
+        len: usize,
+        /// Allowed length.
+        max: usize,
+    },
+    /// A collection has more entries than allowed.
+    #[error("has {count} {what}; at most {max} are allowed{release}")]
+    TooMany {
+        /// Actual number.
+        count: usize,
+        /// Allowed number.
+        max: usize,
+        /// What is counted.
+        what: &'static str,
+        /// `" on Kubernetes 1.34"`, or empty when the limit applies to every release.
+        release: String,
+    },
+    /// A name is used twice where it must be unique.
+    #[error("{name:?} is used more than once")]
+    Duplicate {
+        /// The repeated name.
+        name: String,
+    },
+    /// A device consumes from a counter set the pool does not define.
+    #[error("refers to counter set {counter_set:?}, which the pool does not define")]
+    UnknownCounterSet {
+        /// The missing counter set.
+        counter_set: String,
+    },
+    /// A device consumes a counter its counter set does not define.
+    #[error("refers to counter {counter:?}, which counter set {counter_set:?} does not define")]
+    UnknownCounter {
+        /// The counter set.
+        counter_set: String,
+        /// The missing counter.
+        counter: String,
+    },
+    /// A required value is missing or a list is empty.
+    #[error("must not be empty")]
+    Empty,
+    /// Node selection is inconsistent (pool vs. device vs. publisher).
+    #[error("{0}")]
+    NodeSelection(&'static str),
+    /// The server's release does not know the field.
+    #[error("needs Kubernetes {needs} or newer; the server runs {server}")]
+    NeedsRelease {
+        /// First release with the field.
+        needs: KubernetesVersion,
+        /// The server's release.
+        server: KubernetesVersion,
+    },
+    /// The application's `k8s-openapi` version feature predates the field.
+    #[error(
+        "needs the application to build k8s-openapi with a Kubernetes {needs} (or newer) version feature"
+    )]
+    NotCompiledIn {
+        /// First release with the field.
+        needs: KubernetesVersion,
+    },
+}
+
+/// One validation failure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {problem}")]
+pub struct ValidationError {
+    /// Where.
+    pub path: FieldPath,
+    /// What.
+    pub problem: Problem,
+}
+
+/// All validation failures of a pool or of a whole [`DriverResources`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors {
+    /// The failures, in the order found.
+    pub errors: Vec<ValidationError>,
+}
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.errors.len();
+        write!(
+            f,
+            "{count} validation error{}",
+            if count == 1 { "" } else { "s" }
+        )?;
+        for (i, error) in self.errors.iter().enumerate() {
+            write!(f, "{} {error}", if i == 0 { ":" } else { ";" })?;
+        }
+        Ok(())
+    }
+}
+
+impl ValidationErrors {
+    fn into_result(self) -> Result<(), Self> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(self)
+        }
+    }
+}
+
+impl DriverResources {
+    /// Checks every pool against the limits of a release (use [`SliceLimits::strictest`]
+    /// when the release is unknown).
+    ///
+    /// ```
+    /// use dra_sdk::slices::{Device, DriverResources, SliceLimits};
+    ///
+    /// let bad = DriverResources::single_pool("node-1", vec![Device::new("GPU_0")]);
+    /// let errors = bad.validate(&SliceLimits::strictest()).unwrap_err();
+    /// assert!(errors.to_string().contains(r#"pool "node-1", device "GPU_0", name"#));
+    /// ```
+    pub fn validate(&self, limits: &SliceLimits) -> Result<(), ValidationErrors> {
+        let mut errors = ValidationErrors::default();
+        for (name, pool) in &self.pools {
+            if let Err(pool_errors) = pool.validate(name, limits) {
+                errors.errors.extend(pool_errors.errors);
+            }
+        }
+        errors.into_result()
+    }
+}
+
+impl Pool {
+    /// Checks one pool (named `name`) against the limits of a release.
+    pub fn validate(&self, name: &str, limits: &SliceLimits) -> Result<(), ValidationErrors> {
+        let mut v = Validator {
+            limits,
+            pool: name,
+            errors: ValidationErrors::default(),
+        };
+        v.pool(self);
+        v.errors.into_result()
+    }
+}
+
+/// Accumulates errors for one pool.
+struct Validator<'a> {
+    limits: &'a SliceLimits,
+    pool: &'a str,
+    errors: ValidationErrors,
+}
+
+/// Release suffix for limits that differ between releases.
+fn release_note(limits: &SliceLimits) -> String {
+    match limits.release {
+        Some(release) => format!(" on Kubernetes {release}"),
+        None => " while the server's release is unknown".to_owned(),
+    }
+}
+
+const LIST_ATTRIBUTES_RELEASE: KubernetesVersion = KubernetesVersion::new(1, 36);
+
+impl Validator<'_> {
+    fn push(&mut self, device: Option<&str>, field: impl Into<String>, problem: Problem) {
+        self.errors.errors.push(ValidationError {
+            path: FieldPath {
+                pool: Some(self.pool.to_owned()),
+                device: device.map(str::to_owned),
+                field: field.into(),
+            },
+            problem,
+        });
+    }
+
+    fn rule(
+        &mut self,
+        device: Option<&str>,
+        field: impl Into<String>,
+        value: &str,
+        rule: &'static str,
+        check: fn(&str) -> Result<(), &'static str>,
+    ) {
+        if let Err(reason) = check(value) {
+            self.push(
+                device,
+                field,
+                Problem::Invalid {
+                    value: value.to_owned(),
+                    rule,
+                    reason,
+                },
+            );
+        }
+    }
+
+    fn count(
+        &mut self,
+        device: Option<&str>,
+        field: impl Into<String>,
+        count: usize,
+        max: usize,
+        what: &'static str,
+        release_specific: bool,
+    ) {
+        if count > max {
+            let release = if release_specific {
+                release_note(self.limits)
+            } else {
+                String::new()
+            };
+            self.push(
+                device,
+                field,
+                Problem::TooMany {
+                    count,
+                    max,
+                    what,
+                    release,
+                },
+            );
+        }
+    }
+
+    fn quantity(&mut self, device: Option<&str>, field: impl Into<String>, value: &Quantity) {
+        if !quantity::is_valid(&value.0) {
+            self.push(
+                device,
+                field,
+                Problem::Invalid {
+                    value: value.0.clone(),
+                    rule: "quantity",
+                    reason: "must look like 10, 1.5, 100m, 80Gi or 1e3",
+                },
+            );
+        }
+    }
+
+    fn node_selector(&mut self, device: Option<&str>, field: &str, selector: &NodeSelector) {
+        if selector.node_selector_terms.len() != 1 {
+            self.push(
+                device,
+                format!("{field}.nodeSelectorTerms"),
+                Problem::NodeSelection("must have exactly one term"),
+            );
+        }
+    }
+
+    fn pool(&mut self, pool: &Pool) {
+        let pool_name = self.pool;
+        self.rule(
+            None,
+            "pool.name",
+            pool_name,
+            "pool name (DNS subdomains joined by '/')",
+            names::pool_name,
+        );
+        if let Some(generation) = pool.generation
+            && generation < 0
+        {
+            self.push(
+                None,
+                "pool.generation",
+                Problem::Invalid {
+                    value: generation.to_string(),
+                    rule: "generation",
+                    reason: "must not be negative",
+                },
+            );
+        }
+        if pool.max_devices_per_slice == Some(0) {
+            self.push(
+                None,
+                "maxDevicesPerSlice",
+                Problem::Invalid {
+                    value: "0".to_owned(),
+                    rule: "device limit",
+                    reason: "must be at least 1",
+                },
+            );
+        }
+        if let PoolNodeSelection::NodeSelector(selector) = &pool.node_selection {
+            self.node_selector(None, "nodeSelector", selector);
+        }
+
+        // Counter sets.
+        let mut counter_sets: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        let mut total_counters = 0;
+        for set in &pool.shared_counters {
+            let field = format!("sharedCounters[{:?}]", set.name);
+            self.rule(None, &field, &set.name, "DNS label", names::dns_label);
+            if counter_sets.contains_key(set.name.as_str()) {
+                self.push(
+                    None,
+                    "sharedCounters",
+                    Problem::Duplicate {
+                        name: set.name.clone(),
+                    },
+                );
+            }
+            if set.counters.is_empty() {
+                self.push(None, format!("{field}.counters"), Problem::Empty);
+            }
+            self.count(
+                None,
+                format!("{field}.counters"),
+                set.counters.len(),
+                self.limits.max_counters_per_set,
+                "counters",
+                false,
+            );
+            for (counter, value) in &set.counters {
+                let counter_field = format!("{field}.counters[{counter:?}]");
+                self.rule(None, &counter_field, counter, "DNS label", names::dns_label);
+                self.quantity(None, format!("{counter_field}.value"), value);
+            }
+            total_counters += set.counters.len();
+            counter_sets.insert(&set.name, set.counters.keys().map(String::as_str).collect());
+        }
+        let with_devices = self.limits.counter_layout == CounterLayout::WithDevices;
+        if with_devices && let Some(max) = self.limits.max_counters_per_slice {
+            // All counter sets share the pool's first slice.
+            self.count(
+                None,
+                "sharedCounters",
+                total_counters,
+                max,
+                "counters across all counter sets",
+                true,
+            );
+        }
+
+        // Devices.
+        let mut device_names = BTreeSet::new();
+        let mut consumers = 0;
+        let mut consumed_in_pool = 0;
+        for device in &pool.devices {
+            if !device_names.insert(device.name.as_str()) {
+                self.push(
+                    None,
+                    "devices",
+                    Problem::Duplicate {
+                        name: device.name.clone(),
+                    },
+                );
+            }
+            self.device(device, &pool.node_selection, &counter_sets);
+            if !device.consumes_counters.is_empty() {
+                consumers += 1;
+                consumed_in_pool += device
+                    .consumes_counters
+                    .iter()
+                    .map(|c| c.counters.len())
+                    .sum::<usize>();
+            }
+        }
+        if with_devices && !pool.shared_counters.is_empty() {
+            // 1.34 keeps counter sets and their consumers in one slice.
+            self.count(
+                None,
+                "devices",
+                consumers,
+                self.limits.max_devices_per_slice,
+                "devices consuming counters (they must share one slice with the counter sets)",
+                true,
+            );
+            if let Some(max) = self.limits.max_consumed_counters_per_slice {
+                self.count(
+                    None,
+                    "devices",
+                    consumed_in_pool,
+                    max,
+                    "consumed counters in the slice with the counter sets",
+                    true,
+                );
+            }
+        }
+    }
+
+    fn device(
+        &mut self,
+        device: &Device,
+        pool_selection: &PoolNodeSelection,
+        counter_sets: &BTreeMap<&str, BTreeSet<&str>>,
+    ) {
+        let d = Some(device.name.as_str());
+        let limits = self.limits;
+        self.rule(d, "name", &device.name, "DNS label", names::dns_label);
+
+        // Attributes and capacities.
+        self.count(
+            d,
+            "attributes+capacity",
+            device.attributes.len() + device.capacity.len(),
+            limits.max_attributes_and_capacities,
+            "attributes and capacities together",
+            false,
+        );
+        if let Some(max) = limits.max_attribute_values {
+            let values = device
+                .attributes
+                .values()
+                .map(AttributeValue::value_count)
+                .sum();
+            self.count(
+                d,
+                "attributes",
+                values,
+                max,
+                "attribute values (list elements counted)",
+                true,
+            );
+        }
+        for (name, value) in &device.attributes {
+            let field = format!("attributes[{name:?}]");
+            self.rule(d, &field, name, "qualified name", names::qualified_name);
+            self.attribute(d, &field, value);
+        }
+        for (name, capacity) in &device.capacity {
+            let field = format!("capacity[{name:?}]");
+            self.rule(d, &field, name, "qualified name", names::qualified_name);
+            self.quantity(d, format!("{field}.value"), &capacity.value);
+            if let Some(policy) = &capacity.request_policy {
+                self.request_policy(d, &format!("{field}.requestPolicy"), policy);
+            }
+        }
+
+        // Counter consumption.
+        self.count(
+            d,
+            "consumesCounters",
+            device.consumes_counters.len(),
+            limits.max_consumptions_per_device,
+            "counter-consumption entries",
+            true,
+        );
+        let mut seen_sets = BTreeSet::new();
+        let mut consumed = 0;
+        for consumption in &device.consumes_counters {
+            let field = format!("consumesCounters[{:?}]", consumption.counter_set);
+            if !seen_sets.insert(consumption.counter_set.as_str()) {
+                self.push(
+                    d,
+                    "consumesCounters",
+                    Problem::Duplicate {
+                        name: consumption.counter_set.clone(),
+                    },
+                );
+            }
+            if consumption.counters.is_empty() {
+                self.push(d, format!("{field}.counters"), Problem::Empty);
+            }
+            self.count(
+                d,
+                format!("{field}.counters"),
+                consumption.counters.len(),
+                limits.max_counters_per_consumption,
+                "counters",
+                false,
+            );
+            consumed += consumption.counters.len();
+            let known = counter_sets.get(consumption.counter_set.as_str());
+            if known.is_none() {
+                self.push(
+                    d,
+                    format!("{field}.counterSet"),
+                    Problem::UnknownCounterSet {
+                        counter_set: consumption.counter_set.clone(),
+                    },
+                );
+            }
+            for (counter, value) in &consumption.counters {
+                let counter_field = format!("{field}.counters[{counter:?}]");
+                if let Some(known) = known
+                    && !known.contains(counter.as_str())
+                {
+                    self.push(
+                        d,
+                        &counter_field,
+                        Problem::UnknownCounter {
+                            counter_set: consumption.counter_set.clone(),
+                            counter: counter.clone(),
+                        },
+                    );
+                }
+                self.quantity(d, format!("{counter_field}.value"), value);
+            }
+        }
+        if let Some(max) = limits.max_consumed_counters_per_device {
+            self.count(
+                d,
+                "consumesCounters",
+                consumed,
+                max,
+                "consumed counters across entries",
+                true,
+            );
+        }
+
+        // Node selection.
+        match (pool_selection, &device.node_selection) {
+            (PoolNodeSelection::PerDevice, None) => self.push(
+                d,
+                "nodeSelection",
+                Problem::NodeSelection(
+                    "is required: the pool uses per-device node selection (set nodeName, nodeSelector or allNodes)",
+                ),
+            ),
+            (PoolNodeSelection::PerDevice, Some(DeviceNodeSelection::NodeName(node))) => {
+                self.rule(d, "nodeName", node, "node name (DNS subdomain)", names::dns_subdomain);
+            }
+            (PoolNodeSelection::PerDevice, Some(DeviceNodeSelection::NodeSelector(selector))) => {
+                self.node_selector(d, "nodeSelector", selector);
+            }
+            (PoolNodeSelection::PerDevice, Some(DeviceNodeSelection::AllNodes)) => {}
+            (_, Some(_)) => self.push(
+                d,
+                "nodeSelection",
+                Problem::NodeSelection(
+                    "is only allowed when the pool uses per-device node selection (PoolNodeSelection::PerDevice)",
+                ),
+            ),
+            (_, None) => {}
+        }
+
+        // Taints.
+        self.count(
+            d,
+            "taints",
+            device.taints.len(),
+            limits.max_taints_per_device,
+            "taints",
+            true,
+        );
+        let mut seen_taints = BTreeSet::new();
+        for taint in &device.taints {
+            let field = format!("taints[{:?}]", taint.key);
+            self.rule(
+                d,
+                format!("{field}.key"),
+                &taint.key,
+                "label key",
+                names::label_key,
+            );
+            if let Some(value) = &taint.value {
+                self.rule(
+                    d,
+                    format!("{field}.value"),
+                    value,
+                    "label value",
+                    names::label_value,
+                );
+            }
+            if !seen_taints.insert((taint.key.as_str(), taint.effect)) {
+                self.push(
+                    d,
+                    "taints",
+                    Problem::Duplicate {
+                        name: format!("{}:{}", taint.key, taint.effect),
+                    },
+                );
+            }
+        }
+
+        // Binding conditions.
+        for (field, conditions) in [
+            ("bindingConditions", &device.binding_conditions),
+            (
+                "bindingFailureConditions",
+                &device.binding_failure_conditions,
+            ),
+        ] {
+            self.count(
+                d,
+                field,
+                conditions.len(),
+                limits.max_binding_conditions,
+                "conditions",
+                false,
+            );
+            let mut seen = BTreeSet::new();
+            for condition in conditions {
+                self.rule(
+                    d,
+                    format!("{field}[{condition:?}]"),
+                    condition,
+                    "condition type",
+                    names::label_key,
+                );
+                if !seen.insert(condition.as_str()) {
+                    self.push(
+                        d,
+                        field,
+                        Problem::Duplicate {
+                            name: condition.clone(),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn attribute(&mut self, d: Option<&str>, field: &str, value: &AttributeValue) {
+        let max = self.limits.max_string_length;
+        let text = |v: &mut Self, field: String, s: &str, version: bool| {
+            let len = s.chars().count();
+            if len > max {
+                v.push(d, &field, Problem::TooLong { len, max });
+            }
+            if version {
+                v.rule(d, field, s, "version", names::semver);
+            }
+        };
+        match value {
+            AttributeValue::Int(_) | AttributeValue::Bool(_) => {}
+            AttributeValue::String(s) => text(self, format!("{field}.string"), s, false),
+            AttributeValue::Version(s) => text(self, format!("{field}.version"), s, true),
+            AttributeValue::Ints(_)
+            | AttributeValue::Bools(_)
+            | AttributeValue::Strings(_)
+            | AttributeValue::Versions(_) => {
+                let (kind, count) = match value {
+                    AttributeValue::Ints(v) => ("ints", v.len()),
+                    AttributeValue::Bools(v) => ("bools", v.len()),
+                    AttributeValue::Strings(v) => ("strings", v.len()),
+                    AttributeValue::Versions(v) => ("versions", v.len()),
+                    _ => ("", 1),
+                };
+                let list_field = format!("{field}.{kind}");
+                if count == 0 {
+                    self.push(d, &list_field, Problem::Empty);
+                }
+                if !super::wire::LIST_ATTRIBUTES_COMPILED {
+                    self.push(
+                        d,
+                        &list_field,
+                        Problem::NotCompiledIn {
+                            needs: LIST_ATTRIBUTES_RELEASE,
+                        },
+                    );
+                }
+                if let Some(server) = self.limits.release
+                    && !self.limits.list_attributes
+                {
+                    self.push(
+                        d,
+                        &list_field,
+                        Problem::NeedsRelease {
+                            needs: LIST_ATTRIBUTES_RELEASE,
+                            server,
+                        },
+                    );
+                }
+                match value {
+                    AttributeValue::Strings(values) => {
+                        for (i, s) in values.iter().enumerate() {
+                            text(self, format!("{list_field}[{i}]"), s, false);
+                        }
+                    }
+                    AttributeValue::Versions(values) => {
+                        for (i, s) in values.iter().enumerate() {
+                            text(self, format!("{list_field}[{i}]"), s, true);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn request_policy(&mut self, d: Option<&str>, field: &str, policy: &CapacityRequestPolicy) {
+        if let Some(default) = &policy.default {
+            self.quantity(d, format!("{field}.default"), default);
+        }
+        match &policy.valid {
+            None => {}
+            Some(ValidRequestValues::Values(values)) => {
+                if values.is_empty() {
+                    self.push(d, format!("{field}.validValues"), Problem::Empty);
+                }
+                for (i, value) in values.iter().enumerate() {
+                    self.quantity(d, format!("{field}.validValues[{i}]"), value);
+                }
+            }
+            Some(ValidRequestValues::Range { min, max, step }) => {
+                self.quantity(d, format!("{field}.validRange.min"), min);
+                if let Some(max) = max {
+                    self.quantity(d, format!("{field}.validRange.max"), max);
+                }
+                if let Some(step) = step {
+                    self.quantity(d, format!("{field}.validRange.step"), step);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slices::model::{CounterSet, DeviceCapacity, DeviceTaint, TaintEffect};
+
+    fn problems(pool: &Pool, limits: &SliceLimits) -> Vec<String> {
+        match pool.validate("pool-a", limits) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn valid_pool_passes() {
+        let pool = Pool::new([
+            Device::new("gpu-0")
+                .attribute("model", "h100")
+                .attribute("example.com/index", 0)
+                .attribute("driverVersion", AttributeValue::Version("550.1.2".into()))
+                .capacity("memory", DeviceCapacity::new("80Gi")),
+            Device::new("gpu-0-half").consumes("gpu-0", [("memory", "40Gi")]),
+        ])
+        .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]));
+        assert_eq!(
+            problems(&pool, &SliceLimits::strictest()),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn names_the_device_and_field() {
+        let pool = Pool::new([
+            Device::new("gpu_0"),
+            Device::new("gpu-1").attribute("bad-name", 1),
+            Device::new("gpu-2").attribute("s", "x".repeat(65)),
+            Device::new("gpu-3").attribute("v", AttributeValue::Version("1.2".into())),
+            Device::new("gpu-3"),
+        ]);
+        let found = problems(&pool, &SliceLimits::strictest());
+        assert_eq!(
+            found,
+            vec![
+                r#"pool "pool-a", device "gpu_0", name: "gpu_0" is not a valid DNS label: may contain only lower-case letters, digits and '-'"#,
+                r#"pool "pool-a", device "gpu-1", attributes["bad-name"]: "bad-name" is not a valid qualified name: identifier may contain only letters, digits and '_'"#,
+                r#"pool "pool-a", device "gpu-2", attributes["s"].string: is 65 characters long; at most 64 are allowed"#,
+                r#"pool "pool-a", device "gpu-3", attributes["v"].version: "1.2" is not a valid version: must be a semantic version (semver 2.0.0), e.g. 1.2.3-rc.1+build.5"#,
+                r#"pool "pool-a", devices: "gpu-3" is used more than once"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn counter_references_are_checked() {
+        let pool = Pool::new([
+            Device::new("a").consumes("missing", [("memory", "1")]),
+            Device::new("b").consumes("gpu", [("cores", "1")]),
+        ])
+        .counter_set(CounterSet::new("gpu", [("memory", "10")]))
+        .counter_set(CounterSet::new("gpu", [("memory", "10")]));
+        let found = problems(&pool, &SliceLimits::strictest());
+        assert!(found.contains(
+            &r#"pool "pool-a", sharedCounters: "gpu" is used more than once"#.to_owned()
+        ));
+        assert!(found.contains(&r#"pool "pool-a", device "a", consumesCounters["missing"].counterSet: refers to counter set "missing", which the pool does not define"#.to_owned()));
+        assert!(found.contains(&r#"pool "pool-a", device "b", consumesCounters["gpu"].counters["cores"]: refers to counter "cores", which counter set "gpu" does not define"#.to_owned()));
+    }
+
+    #[test]
+    fn per_release_limits() {
+        let taints: Vec<_> = (0..5)
+            .map(|i| DeviceTaint::new(format!("example.com/t{i}"), TaintEffect::NoSchedule))
+            .collect();
+        let mut device = Device::new("gpu-0");
+        device.taints = taints;
+        let pool = Pool::new([device]);
+        let v134 = SliceLimits::for_release(KubernetesVersion::new(1, 34));
+        let v135 = SliceLimits::for_release(KubernetesVersion::new(1, 35));
+        assert_eq!(
+            problems(&pool, &v134),
+            vec![
+                r#"pool "pool-a", device "gpu-0", taints: has 5 taints; at most 4 are allowed on Kubernetes 1.34"#
+            ]
+        );
+        assert!(problems(&pool, &v135).is_empty());
+        assert_eq!(
+            problems(&pool, &SliceLimits::strictest()),
+            vec![
+                r#"pool "pool-a", device "gpu-0", taints: has 5 taints; at most 4 are allowed while the server's release is unknown"#
+            ]
+        );
+
+        let lists = Pool::new([Device::new("nic").attribute("vlans", vec![1i64, 2])]);
+        assert_eq!(
+            problems(&lists, &v135),
+            vec![
+                r#"pool "pool-a", device "nic", attributes["vlans"].ints: needs Kubernetes 1.36 or newer; the server runs 1.35"#
+            ]
+        );
+        let three = Device::new("x")
+            .consumes("a", [("c", "1")])
+            .consumes("b", [("c", "1")])
+            .consumes("c", [("c", "1")]);
+        let pool = Pool::new([three])
+            .counter_set(CounterSet::new("a", [("c", "1")]))
+            .counter_set(CounterSet::new("b", [("c", "1")]))
+            .counter_set(CounterSet::new("c", [("c", "1")]));
+        assert_eq!(
+            problems(&pool, &v135),
+            vec![
+                r#"pool "pool-a", device "x", consumesCounters: has 3 counter-consumption entries; at most 2 are allowed on Kubernetes 1.35"#
+            ]
+        );
+        assert!(problems(&pool, &v134).is_empty());
+    }
+
+    #[test]
+    fn attribute_and_value_counts() {
+        let mut device = Device::new("d");
+        for i in 0..33 {
+            device = device.attribute(format!("a{i}"), i);
+        }
+        let found = problems(&Pool::new([device]), &SliceLimits::strictest());
+        assert_eq!(
+            found,
+            vec![
+                r#"pool "pool-a", device "d", attributes+capacity: has 33 attributes and capacities together; at most 32 are allowed"#
+            ]
+        );
+        let device = Device::new("d").attribute("many", (0..49).collect::<Vec<i64>>());
+        let found = problems(
+            &Pool::new([device]),
+            &SliceLimits::for_release(KubernetesVersion::new(1, 36)),
+        );
+        assert_eq!(
+            found,
+            vec![
+                r#"pool "pool-a", device "d", attributes: has 49 attribute values (list elements counted); at most 48 are allowed on Kubernetes 1.36"#
+            ]
+        );
+    }
+
+    #[test]
+    fn node_selection_consistency() {
+        let pool = Pool::new([Device::new("a").node_selection(DeviceNodeSelection::AllNodes)]);
+        assert_eq!(problems(&pool, &SliceLimits::strictest()).len(), 1);
+        let pool = Pool::new([Device::new("a")]).node_selection(PoolNodeSelection::PerDevice);
+        assert!(problems(&pool, &SliceLimits::strictest())[0].contains("is required"));
+        let pool = Pool::new([Device::new("a")])
+            .node_selection(PoolNodeSelection::NodeSelector(NodeSelector::default()));
+        assert!(problems(&pool, &SliceLimits::strictest())[0].contains("nodeSelectorTerms"));
+    }
+
+    #[test]
+    fn v134_counter_layout_limits() {
+        let v134 = SliceLimits::for_release(KubernetesVersion::new(1, 34));
+        let big = CounterSet::new("a", (0..20).map(|i| (format!("c{i}"), "1")));
+        let other = CounterSet::new("b", (0..20).map(|i| (format!("c{i}"), "1")));
+        let pool = Pool::new([]).counter_set(big).counter_set(other);
+        assert_eq!(
+            problems(&pool, &v134),
+            vec![
+                r#"pool "pool-a", sharedCounters: has 40 counters across all counter sets; at most 32 are allowed on Kubernetes 1.34"#
+            ]
+        );
+    }
+}

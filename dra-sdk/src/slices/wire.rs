@@ -1,0 +1,752 @@
+//! The edge between the model and the API: `resource.k8s.io/v1` objects, conversion to the
+//! other served versions, semantic comparison, and feature-gate (dropped field) handling.
+//!
+//! Everything internal works on `k8s_openapi::api::resource::v1` objects. Objects sent to or
+//! received from a server serving only `v1beta2` or `v1beta1` are converted at this edge:
+//! `v1beta2` has the v1 JSON shape, `v1beta1` wraps everything but a device's name in `basic`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use k8s_openapi::api::resource::v1 as api;
+use kube::api::DynamicObject;
+use kube::core::ApiResource;
+use serde_json::Value;
+
+use super::model::{
+    AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceCounterConsumption,
+    DeviceNodeSelection, DeviceTaint, Quantity, Time, ValidRequestValues,
+};
+use super::quantity;
+
+k8s_openapi::k8s_if_le_1_33! {
+    compile_error!("dra-sdk's ResourceSlice publisher needs k8s-openapi with a v1_34 or newer version feature");
+}
+
+k8s_openapi::k8s_if_ge_1_36! {
+    /// Whether the application's k8s-openapi version feature has list-typed attributes.
+    pub(crate) const LIST_ATTRIBUTES_COMPILED: bool = true;
+}
+k8s_openapi::k8s_if_le_1_35! {
+    /// Whether the application's k8s-openapi version feature has list-typed attributes.
+    pub(crate) const LIST_ATTRIBUTES_COMPILED: bool = false;
+}
+
+/// The `resource.k8s.io` version a publisher reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ResourceApiVersion {
+    /// `resource.k8s.io/v1` (Kubernetes 1.34+).
+    V1,
+    /// `resource.k8s.io/v1beta2` (Kubernetes 1.33+), the same JSON shape as v1.
+    V1beta2,
+    /// `resource.k8s.io/v1beta1` (Kubernetes 1.32+), devices wrapped in `basic`.
+    V1beta1,
+}
+
+impl ResourceApiVersion {
+    /// Preference order when several versions are served.
+    pub const PREFERENCE: [Self; 3] = [Self::V1, Self::V1beta2, Self::V1beta1];
+
+    /// The version string (`v1`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V1beta2 => "v1beta2",
+            Self::V1beta1 => "v1beta1",
+        }
+    }
+
+    /// The kube `ApiResource` for ResourceSlices in this version.
+    pub fn api_resource(self) -> ApiResource {
+        ApiResource {
+            group: "resource.k8s.io".to_owned(),
+            version: self.as_str().to_owned(),
+            api_version: format!("resource.k8s.io/{}", self.as_str()),
+            kind: "ResourceSlice".to_owned(),
+            plural: "resourceslices".to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for ResourceApiVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "resource.k8s.io/{}", self.as_str())
+    }
+}
+
+/// Converts a v1 slice into an object of the served version.
+pub(crate) fn to_dynamic(
+    slice: &api::ResourceSlice,
+    version: ResourceApiVersion,
+) -> Result<DynamicObject, serde_json::Error> {
+    let mut value = serde_json::to_value(slice)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "apiVersion".to_owned(),
+            Value::String(version.api_resource().api_version),
+        );
+    }
+    if version == ResourceApiVersion::V1beta1 {
+        for device in devices_mut(&mut value) {
+            if let Some(fields) = device.as_object_mut() {
+                let name = fields.remove("name");
+                let basic = std::mem::take(fields);
+                if let Some(name) = name {
+                    fields.insert("name".to_owned(), name);
+                }
+                fields.insert("basic".to_owned(), Value::Object(basic));
+            }
+        }
+    }
+    serde_json::from_value(value)
+}
+
+/// Converts an object of the served version into a v1 slice.
+pub(crate) fn from_dynamic(
+    object: DynamicObject,
+    version: ResourceApiVersion,
+) -> Result<api::ResourceSlice, serde_json::Error> {
+    let mut value = serde_json::to_value(object)?;
+    if let Some(object) = value.as_object_mut() {
+        object.insert(
+            "apiVersion".to_owned(),
+            Value::String("resource.k8s.io/v1".to_owned()),
+        );
+        object.insert("kind".to_owned(), Value::String("ResourceSlice".to_owned()));
+    }
+    if version == ResourceApiVersion::V1beta1 {
+        for device in devices_mut(&mut value) {
+            if let Some(fields) = device.as_object_mut()
+                && let Some(Value::Object(basic)) = fields.remove("basic")
+            {
+                fields.extend(basic);
+            }
+        }
+    }
+    serde_json::from_value(value)
+}
+
+fn devices_mut(value: &mut Value) -> impl Iterator<Item = &mut Value> {
+    value
+        .pointer_mut("/spec/devices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+}
+
+/// A device in v1 form.
+pub(crate) fn device_to_api(device: &Device) -> api::Device {
+    let mut out = api::Device {
+        name: device.name.clone(),
+        ..Default::default()
+    };
+    if !device.attributes.is_empty() {
+        out.attributes = Some(
+            device
+                .attributes
+                .iter()
+                .map(|(name, value)| (name.clone(), attribute_to_api(value)))
+                .collect(),
+        );
+    }
+    if !device.capacity.is_empty() {
+        out.capacity = Some(
+            device
+                .capacity
+                .iter()
+                .map(|(name, capacity)| {
+                    let mut api_capacity = api::DeviceCapacity {
+                        value: capacity.value.clone(),
+                        ..Default::default()
+                    };
+                    api_capacity.request_policy =
+                        capacity.request_policy.as_ref().map(request_policy_to_api);
+                    (name.clone(), api_capacity)
+                })
+                .collect(),
+        );
+    }
+    if !device.consumes_counters.is_empty() {
+        out.consumes_counters = Some(
+            device
+                .consumes_counters
+                .iter()
+                .map(consumption_to_api)
+                .collect(),
+        );
+    }
+    match &device.node_selection {
+        None => {}
+        Some(DeviceNodeSelection::NodeName(node)) => out.node_name = Some(node.clone()),
+        Some(DeviceNodeSelection::NodeSelector(selector)) => {
+            out.node_selector = Some(selector.clone());
+        }
+        Some(DeviceNodeSelection::AllNodes) => out.all_nodes = Some(true),
+    }
+    if !device.taints.is_empty() {
+        out.taints = Some(device.taints.iter().map(taint_to_api).collect());
+    }
+    if device.binds_to_node {
+        out.binds_to_node = Some(true);
+    }
+    if !device.binding_conditions.is_empty() {
+        out.binding_conditions = Some(device.binding_conditions.clone());
+    }
+    if !device.binding_failure_conditions.is_empty() {
+        out.binding_failure_conditions = Some(device.binding_failure_conditions.clone());
+    }
+    if device.allow_multiple_allocations {
+        out.allow_multiple_allocations = Some(true);
+    }
+    out
+}
+
+fn attribute_to_api(value: &AttributeValue) -> api::DeviceAttribute {
+    let mut out = api::DeviceAttribute::default();
+    match value {
+        AttributeValue::Int(v) => out.int = Some(*v),
+        AttributeValue::Bool(v) => out.bool = Some(*v),
+        AttributeValue::String(v) => out.string = Some(v.clone()),
+        AttributeValue::Version(v) => out.version = Some(v.clone()),
+        // Validation rejects list attributes when the compiled API lacks them.
+        AttributeValue::Ints(_)
+        | AttributeValue::Bools(_)
+        | AttributeValue::Strings(_)
+        | AttributeValue::Versions(_) => set_list_attribute(&mut out, value),
+    }
+    out
+}
+
+k8s_openapi::k8s_if_ge_1_36! {
+    fn set_list_attribute(out: &mut api::DeviceAttribute, value: &AttributeValue) {
+        match value {
+            AttributeValue::Ints(v) => out.ints = Some(v.clone()),
+            AttributeValue::Bools(v) => out.bools = Some(v.clone()),
+            AttributeValue::Strings(v) => out.strings = Some(v.clone()),
+            AttributeValue::Versions(v) => out.versions = Some(v.clone()),
+            AttributeValue::Int(_)
+            | AttributeValue::Bool(_)
+            | AttributeValue::String(_)
+            | AttributeValue::Version(_) => {}
+        }
+    }
+
+    /// Whether an attribute carries a list value.
+    fn attribute_has_list(attribute: &api::DeviceAttribute) -> bool {
+        attribute.ints.is_some()
+            || attribute.bools.is_some()
+            || attribute.strings.is_some()
+            || attribute.versions.is_some()
+    }
+}
+
+k8s_openapi::k8s_if_le_1_35! {
+    fn set_list_attribute(_: &mut api::DeviceAttribute, _: &AttributeValue) {}
+
+    /// Whether an attribute carries a list value (never, before 1.36 types).
+    fn attribute_has_list(_: &api::DeviceAttribute) -> bool {
+        false
+    }
+}
+
+/// Whether an attribute carries no value at all (a list value the server dropped).
+fn attribute_is_empty(attribute: &api::DeviceAttribute) -> bool {
+    attribute.int.is_none()
+        && attribute.bool.is_none()
+        && attribute.string.is_none()
+        && attribute.version.is_none()
+        && !attribute_has_list(attribute)
+}
+
+fn request_policy_to_api(policy: &CapacityRequestPolicy) -> api::CapacityRequestPolicy {
+    let mut out = api::CapacityRequestPolicy {
+        default: policy.default.clone(),
+        ..Default::default()
+    };
+    match &policy.valid {
+        None => {}
+        Some(ValidRequestValues::Values(values)) => out.valid_values = Some(values.clone()),
+        Some(ValidRequestValues::Range { min, max, step }) => {
+            out.valid_range = Some(api::CapacityRequestPolicyRange {
+                min: min.clone(),
+                max: max.clone(),
+                step: step.clone(),
+            });
+        }
+    }
+    out
+}
+
+fn counters_to_api(counters: &BTreeMap<String, Quantity>) -> BTreeMap<String, api::Counter> {
+    counters
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.clone(),
+                api::Counter {
+                    value: value.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn consumption_to_api(consumption: &DeviceCounterConsumption) -> api::DeviceCounterConsumption {
+    api::DeviceCounterConsumption {
+        counter_set: consumption.counter_set.clone(),
+        counters: counters_to_api(&consumption.counters),
+        ..Default::default()
+    }
+}
+
+/// A counter set in v1 form.
+pub(crate) fn counter_set_to_api(set: &CounterSet) -> api::CounterSet {
+    api::CounterSet {
+        name: set.name.clone(),
+        counters: counters_to_api(&set.counters),
+    }
+}
+
+fn taint_to_api(taint: &DeviceTaint) -> api::DeviceTaint {
+    api::DeviceTaint {
+        key: taint.key.clone(),
+        value: taint.value.clone(),
+        effect: taint.effect.as_str().to_owned(),
+        time_added: taint.time_added.clone(),
+    }
+}
+
+/// Copies `timeAdded` of taints the server already stores into desired taints that leave it
+/// empty, so that a taint keeps the time it first appeared and comparisons see no change.
+pub(crate) fn inherit_taint_times(
+    desired: &mut api::ResourceSliceSpec,
+    stored: &api::ResourceSliceSpec,
+) {
+    let Some(stored_devices) = &stored.devices else {
+        return;
+    };
+    let stored_by_name: BTreeMap<&str, &api::Device> = stored_devices
+        .iter()
+        .map(|d| (d.name.as_str(), d))
+        .collect();
+    for device in desired.devices.iter_mut().flatten() {
+        let (Some(taints), Some(stored_device)) =
+            (&mut device.taints, stored_by_name.get(device.name.as_str()))
+        else {
+            continue;
+        };
+        let Some(stored_taints) = &stored_device.taints else {
+            continue;
+        };
+        for taint in taints.iter_mut().filter(|t| t.time_added.is_none()) {
+            taint.time_added = stored_taints
+                .iter()
+                .find(|s| s.key == taint.key && s.value == taint.value && s.effect == taint.effect)
+                .and_then(|s| s.time_added.clone());
+        }
+    }
+}
+
+/// Brings a spec into a canonical form for equality checks: quantities by value, times to
+/// whole seconds (the server's precision), empty collections and `false` flags as absent.
+pub(crate) fn normalize(spec: &mut api::ResourceSliceSpec) {
+    fn q(quantity: &mut Quantity) {
+        quantity.0 = quantity::canonical(&quantity.0);
+    }
+    fn flag(value: &mut Option<bool>) {
+        if *value == Some(false) {
+            *value = None;
+        }
+    }
+    fn list<T>(value: &mut Option<Vec<T>>) {
+        if value.as_ref().is_some_and(Vec::is_empty) {
+            *value = None;
+        }
+    }
+    fn map<K, V>(value: &mut Option<BTreeMap<K, V>>) {
+        if value.as_ref().is_some_and(BTreeMap::is_empty) {
+            *value = None;
+        }
+    }
+    fn counters(counters: &mut BTreeMap<String, api::Counter>) {
+        counters.values_mut().for_each(|c| q(&mut c.value));
+    }
+
+    flag(&mut spec.all_nodes);
+    flag(&mut spec.per_device_node_selection);
+    list(&mut spec.shared_counters);
+    for set in spec.shared_counters.iter_mut().flatten() {
+        counters(&mut set.counters);
+    }
+    list(&mut spec.devices);
+    for device in spec.devices.iter_mut().flatten() {
+        map(&mut device.attributes);
+        map(&mut device.capacity);
+        for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+            q(&mut capacity.value);
+            if let Some(policy) = &mut capacity.request_policy {
+                policy.default.iter_mut().for_each(q);
+                list(&mut policy.valid_values);
+                policy.valid_values.iter_mut().flatten().for_each(q);
+                if let Some(range) = &mut policy.valid_range {
+                    q(&mut range.min);
+                    range.max.iter_mut().for_each(q);
+                    range.step.iter_mut().for_each(q);
+                }
+            }
+        }
+        list(&mut device.consumes_counters);
+        for consumption in device.consumes_counters.iter_mut().flatten() {
+            counters(&mut consumption.counters);
+        }
+        flag(&mut device.all_nodes);
+        list(&mut device.taints);
+        for taint in device.taints.iter_mut().flatten() {
+            if let Some(time) = &mut taint.time_added
+                && let Ok(seconds) = k8s_openapi::jiff::Timestamp::from_second(time.0.as_second())
+            {
+                *time = Time(seconds);
+            }
+        }
+        flag(&mut device.binds_to_node);
+        list(&mut device.binding_conditions);
+        list(&mut device.binding_failure_conditions);
+        flag(&mut device.allow_multiple_allocations);
+    }
+}
+
+/// Whether two specs are equal up to spelling (see [`normalize`]).
+pub(crate) fn specs_equal(a: &api::ResourceSliceSpec, b: &api::ResourceSliceSpec) -> bool {
+    if a == b {
+        return true;
+    }
+    let (mut a, mut b) = (a.clone(), b.clone());
+    normalize(&mut a);
+    normalize(&mut b);
+    a == b
+}
+
+/// A `resource.k8s.io` feature gate whose fields a server drops when it is disabled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum FeatureGate {
+    /// `DRADeviceTaints`: device `taints`.
+    DeviceTaints,
+    /// `DRAPartitionableDevices`: `sharedCounters`, `perDeviceNodeSelection`, device
+    /// `consumesCounters`, `nodeName`, `nodeSelector`, `allNodes`.
+    PartitionableDevices,
+    /// `DRADeviceBindingConditions`: `bindsToNode`, `bindingConditions`,
+    /// `bindingFailureConditions`.
+    DeviceBindingConditions,
+    /// `DRAConsumableCapacity`: `allowMultipleAllocations`, capacity `requestPolicy`.
+    ConsumableCapacity,
+    /// `DRAListTypeAttributes`: list-typed attribute values.
+    ListTypeAttributes,
+}
+
+impl FeatureGate {
+    /// The gate's name as the API server knows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::DeviceTaints => "DRADeviceTaints",
+            Self::PartitionableDevices => "DRAPartitionableDevices",
+            Self::DeviceBindingConditions => "DRADeviceBindingConditions",
+            Self::ConsumableCapacity => "DRAConsumableCapacity",
+            Self::ListTypeAttributes => "DRAListTypeAttributes",
+        }
+    }
+}
+
+impl fmt::Display for FeatureGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn present<T>(value: &Option<Vec<T>>) -> bool {
+    value.as_ref().is_some_and(|v| !v.is_empty())
+}
+
+/// Feature gates whose fields were sent but are missing from what the server stored.
+pub(crate) fn dropped_features(
+    sent: &api::ResourceSliceSpec,
+    stored: &api::ResourceSliceSpec,
+) -> BTreeSet<FeatureGate> {
+    let mut dropped = BTreeSet::new();
+    if present(&sent.shared_counters) && !present(&stored.shared_counters)
+        || sent.per_device_node_selection == Some(true)
+            && stored.per_device_node_selection != Some(true)
+    {
+        dropped.insert(FeatureGate::PartitionableDevices);
+    }
+    let stored_devices: BTreeMap<&str, &api::Device> = stored
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| (d.name.as_str(), d))
+        .collect();
+    for device in sent.devices.iter().flatten() {
+        let Some(stored) = stored_devices.get(device.name.as_str()) else {
+            continue;
+        };
+        if present(&device.taints) && !present(&stored.taints) {
+            dropped.insert(FeatureGate::DeviceTaints);
+        }
+        if present(&device.consumes_counters) && !present(&stored.consumes_counters)
+            || device.node_name.is_some() && stored.node_name.is_none()
+            || device.node_selector.is_some() && stored.node_selector.is_none()
+            || device.all_nodes == Some(true) && stored.all_nodes != Some(true)
+        {
+            dropped.insert(FeatureGate::PartitionableDevices);
+        }
+        if device.binds_to_node == Some(true) && stored.binds_to_node != Some(true)
+            || present(&device.binding_conditions) && !present(&stored.binding_conditions)
+            || present(&device.binding_failure_conditions)
+                && !present(&stored.binding_failure_conditions)
+        {
+            dropped.insert(FeatureGate::DeviceBindingConditions);
+        }
+        let policy_dropped = device.capacity.iter().flatten().any(|(name, capacity)| {
+            capacity.request_policy.is_some()
+                && stored
+                    .capacity
+                    .as_ref()
+                    .and_then(|c| c.get(name))
+                    .is_some_and(|c| c.request_policy.is_none())
+        });
+        if device.allow_multiple_allocations == Some(true)
+            && stored.allow_multiple_allocations != Some(true)
+            || policy_dropped
+        {
+            dropped.insert(FeatureGate::ConsumableCapacity);
+        }
+        let list_dropped = device.attributes.iter().flatten().any(|(name, attribute)| {
+            attribute_has_list(attribute)
+                && stored
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(name))
+                    .is_none_or(attribute_is_empty)
+        });
+        if list_dropped {
+            dropped.insert(FeatureGate::ListTypeAttributes);
+        }
+    }
+    dropped
+}
+
+/// Removes the fields of disabled gates from a desired spec, so that the publisher compares
+/// against what the server can store instead of rewriting forever.
+pub(crate) fn strip_features(spec: &mut api::ResourceSliceSpec, disabled: &BTreeSet<FeatureGate>) {
+    if disabled.is_empty() {
+        return;
+    }
+    let partitionable = disabled.contains(&FeatureGate::PartitionableDevices);
+    if partitionable {
+        spec.shared_counters = None;
+        spec.per_device_node_selection = None;
+    }
+    for device in spec.devices.iter_mut().flatten() {
+        if partitionable {
+            device.consumes_counters = None;
+            device.node_name = None;
+            device.node_selector = None;
+            device.all_nodes = None;
+        }
+        if disabled.contains(&FeatureGate::DeviceTaints) {
+            device.taints = None;
+        }
+        if disabled.contains(&FeatureGate::DeviceBindingConditions) {
+            device.binds_to_node = None;
+            device.binding_conditions = None;
+            device.binding_failure_conditions = None;
+        }
+        if disabled.contains(&FeatureGate::ConsumableCapacity) {
+            device.allow_multiple_allocations = None;
+            for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                capacity.request_policy = None;
+            }
+        }
+        if disabled.contains(&FeatureGate::ListTypeAttributes)
+            && let Some(attributes) = &mut device.attributes
+        {
+            attributes.retain(|_, attribute| !attribute_has_list(attribute));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slices::model::{DeviceCapacity, TaintEffect};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn slice_with(devices: Vec<api::Device>) -> api::ResourceSlice {
+        api::ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some("s".into()),
+                ..Default::default()
+            },
+            spec: api::ResourceSliceSpec {
+                driver: "gpu.example.com".into(),
+                node_name: Some("node-1".into()),
+                pool: api::ResourcePool {
+                    name: "node-1".into(),
+                    generation: 1,
+                    resource_slice_count: 1,
+                },
+                devices: Some(devices),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn v1beta1_wraps_devices_in_basic() {
+        let device = device_to_api(
+            &Device::new("gpu-0")
+                .attribute("model", "h100")
+                .capacity("memory", DeviceCapacity::new("80Gi")),
+        );
+        let slice = slice_with(vec![device]);
+        let beta1 = to_dynamic(&slice, ResourceApiVersion::V1beta1).unwrap();
+        let json = serde_json::to_value(&beta1).unwrap();
+        assert_eq!(json["apiVersion"], "resource.k8s.io/v1beta1");
+        assert_eq!(json["spec"]["devices"][0]["name"], "gpu-0");
+        assert_eq!(
+            json["spec"]["devices"][0]["basic"]["attributes"]["model"]["string"],
+            "h100"
+        );
+        assert_eq!(
+            json["spec"]["devices"][0]["basic"]["capacity"]["memory"]["value"],
+            "80Gi"
+        );
+        let back = from_dynamic(beta1, ResourceApiVersion::V1beta1).unwrap();
+        assert_eq!(back, slice);
+
+        let beta2 = to_dynamic(&slice, ResourceApiVersion::V1beta2).unwrap();
+        let json = serde_json::to_value(&beta2).unwrap();
+        assert_eq!(json["apiVersion"], "resource.k8s.io/v1beta2");
+        assert_eq!(
+            json["spec"]["devices"][0]["attributes"]["model"]["string"],
+            "h100"
+        );
+        assert_eq!(
+            from_dynamic(beta2, ResourceApiVersion::V1beta2).unwrap(),
+            slice
+        );
+    }
+
+    #[test]
+    fn device_json_matches_the_v1_schema() {
+        let device = Device::new("gpu-0-mig")
+            .attribute("index", 3)
+            .capacity(
+                "memory",
+                DeviceCapacity::new("10Gi").with_request_policy(
+                    CapacityRequestPolicy::with_default("1Gi").valid_range(
+                        "1Gi",
+                        Some("10Gi"),
+                        None,
+                    ),
+                ),
+            )
+            .consumes("gpu-0", [("memory", "10Gi")])
+            .taint(DeviceTaint::new("example.com/xid", TaintEffect::NoExecute).value("79"))
+            .binds_to_node(true)
+            .binding_condition("example.com/attached")
+            .allow_multiple_allocations(true);
+        let json = serde_json::to_value(device_to_api(&device)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "name": "gpu-0-mig",
+                "attributes": {"index": {"int": 3}},
+                "capacity": {"memory": {"value": "10Gi", "requestPolicy": {
+                    "default": "1Gi", "validRange": {"min": "1Gi", "max": "10Gi"}}}},
+                "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}}}],
+                "taints": [{"key": "example.com/xid", "value": "79", "effect": "NoExecute"}],
+                "bindsToNode": true,
+                "bindingConditions": ["example.com/attached"],
+                "allowMultipleAllocations": true,
+            })
+        );
+    }
+
+    #[test]
+    fn semantic_equality() {
+        let a = slice_with(vec![device_to_api(
+            &Device::new("d").capacity("memory", DeviceCapacity::new("1024Mi")),
+        )])
+        .spec;
+        let mut b = slice_with(vec![device_to_api(
+            &Device::new("d").capacity("memory", DeviceCapacity::new("1Gi")),
+        )])
+        .spec;
+        assert!(specs_equal(&a, &b));
+        b.all_nodes = Some(false);
+        assert!(specs_equal(&a, &b));
+        b.devices = Some(vec![]);
+        assert!(!specs_equal(&a, &b));
+    }
+
+    #[test]
+    fn taint_times_are_inherited() {
+        let taint = DeviceTaint::new("example.com/bad", TaintEffect::NoSchedule);
+        let mut desired = slice_with(vec![device_to_api(&Device::new("d").taint(taint))]).spec;
+        let mut stored = desired.clone();
+        let now = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        stored.devices.as_mut().unwrap()[0].taints.as_mut().unwrap()[0].time_added =
+            Some(Time(now));
+        assert!(!specs_equal(&desired, &stored));
+        inherit_taint_times(&mut desired, &stored);
+        assert!(specs_equal(&desired, &stored));
+    }
+
+    #[test]
+    fn detects_and_strips_dropped_fields() {
+        let device = Device::new("d")
+            .taint(DeviceTaint::new("example.com/bad", TaintEffect::NoSchedule))
+            .consumes("c", [("x", "1")])
+            .allow_multiple_allocations(true);
+        let mut sent = slice_with(vec![device_to_api(&device)]).spec;
+        sent.shared_counters = Some(vec![counter_set_to_api(&CounterSet::new(
+            "c",
+            [("x", "2")],
+        ))]);
+        let mut stored = sent.clone();
+        stored.devices.as_mut().unwrap()[0].taints = None;
+        stored.devices.as_mut().unwrap()[0].allow_multiple_allocations = None;
+        let dropped = dropped_features(&sent, &stored);
+        assert_eq!(
+            dropped,
+            BTreeSet::from([FeatureGate::DeviceTaints, FeatureGate::ConsumableCapacity])
+        );
+        assert!(dropped_features(&sent, &sent).is_empty());
+        strip_features(&mut sent, &dropped);
+        assert!(specs_equal(&sent, &stored));
+        assert_eq!(FeatureGate::DeviceTaints.to_string(), "DRADeviceTaints");
+    }
+
+    #[test]
+    fn list_attributes_round_trip() {
+        let device = Device::new("nic").attribute("vlans", vec![10i64, 20]);
+        let json = serde_json::to_value(device_to_api(&device)).unwrap();
+        if LIST_ATTRIBUTES_COMPILED {
+            assert_eq!(
+                json["attributes"]["vlans"]["ints"],
+                serde_json::json!([10, 20])
+            );
+            let sent = slice_with(vec![device_to_api(&device)]).spec;
+            let mut stored = sent.clone();
+            stored.devices.as_mut().unwrap()[0].attributes = Some(BTreeMap::from([(
+                "vlans".to_owned(),
+                api::DeviceAttribute::default(),
+            )]));
+            assert_eq!(
+                dropped_features(&sent, &stored),
+                BTreeSet::from([FeatureGate::ListTypeAttributes])
+            );
+        }
+    }
+}

@@ -1,0 +1,730 @@
+//! ResourceSlicePublisher against the fake API server over real HTTP: first publish, no-op
+//! republish, single-slice updates, splitting, partitionable devices, taints, repairs of
+//! external deletes and edits, kubelet wipes, outages, dropped fields, owner references,
+//! discovery of older API versions, metrics.
+#![cfg(feature = "testing")]
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dra_sdk::slices::{
+    CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, FeatureGate, Pool,
+    PoolNodeSelection, PublishError, PublishEvent, PublisherHandle, ResourceApiVersion,
+    ResourceSlicePublisher, TaintEffect,
+};
+use dra_sdk::testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
+use serde_json::json;
+use tokio::sync::broadcast;
+
+const DRIVER: &str = "gpu.example.com";
+const NODE: &str = "node-1";
+const WAIT: Duration = Duration::from_secs(15);
+
+struct Env {
+    server: FakeApiServer,
+    node_uid: String,
+}
+
+async fn env_with(builder: dra_sdk::testing::apiserver::FakeApiServerBuilder) -> Env {
+    let server = builder
+        .bookmark_interval(Duration::from_millis(50))
+        .start()
+        .await
+        .unwrap();
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE},
+    }))
+    .unwrap();
+    let node = server.insert(&node).unwrap();
+    Env {
+        node_uid: node.metadata.uid.unwrap(),
+        server,
+    }
+}
+
+async fn env() -> Env {
+    env_with(FakeApiServer::builder()).await
+}
+
+impl Env {
+    fn publisher(&self) -> ResourceSlicePublisher {
+        ResourceSlicePublisher::for_node(self.server.client().unwrap(), DRIVER, NODE)
+            .sync_delay(Duration::from_millis(20))
+            .backoff(Duration::from_millis(10), Duration::from_millis(200))
+    }
+
+    fn slices(&self) -> Vec<ResourceSlice> {
+        self.server.list::<ResourceSlice>().unwrap()
+    }
+
+    fn slice_writes(&self) -> (u64, u64, u64) {
+        let counts = self.server.stats().resource("resourceslices");
+        (counts.create, counts.update, counts.delete)
+    }
+}
+
+async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+async fn synced(handle: &PublisherHandle) {
+    within("the publisher to sync", handle.synced()).await;
+}
+
+/// Polls `check` until it holds.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    within(what, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+fn gpus(n: usize) -> Vec<Device> {
+    (0..n)
+        .map(|i| {
+            Device::new(format!("gpu-{i}"))
+                .attribute("index", i as i64)
+                .attribute("model", "h100")
+                .capacity("memory", DeviceCapacity::new("80Gi"))
+        })
+        .collect()
+}
+
+fn pool_of(devices: Vec<Device>) -> DriverResources {
+    DriverResources::single_pool(NODE, devices)
+}
+
+/// Checks the invariants consumers rely on and returns the published device names in order.
+fn assert_consistent_pool(slices: &[ResourceSlice], pool: &str) -> Vec<String> {
+    let slices: Vec<&ResourceSlice> = slices.iter().filter(|s| s.spec.pool.name == pool).collect();
+    assert!(!slices.is_empty(), "pool {pool} has no slices");
+    let generations: BTreeSet<i64> = slices.iter().map(|s| s.spec.pool.generation).collect();
+    assert_eq!(generations.len(), 1, "mixed generations {generations:?}");
+    for slice in &slices {
+        assert_eq!(slice.spec.pool.resource_slice_count, slices.len() as i64);
+        assert_eq!(slice.spec.driver, DRIVER);
+    }
+    let names: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+        .collect();
+    let unique: BTreeSet<&String> = names.iter().collect();
+    assert_eq!(unique.len(), names.len(), "a device is published twice");
+    names
+}
+
+async fn next_event(
+    events: &mut broadcast::Receiver<PublishEvent>,
+    mut matches: impl FnMut(&PublishEvent) -> bool,
+) -> PublishEvent {
+    within("a publisher event", async {
+        loop {
+            let event = events.recv().await.expect("event stream closed");
+            if matches(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn first_publish_sets_node_owner_and_pool_fields() {
+    let env = env().await;
+    let handle = env.publisher().spawn(pool_of(gpus(3)));
+    let mut events = handle.subscribe();
+    synced(&handle).await;
+
+    let slices = env.slices();
+    assert_eq!(slices.len(), 1);
+    let slice = &slices[0];
+    assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
+    assert_eq!(slice.spec.pool.generation, 0);
+    assert_eq!(slice.spec.pool.resource_slice_count, 1);
+    let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            owner.api_version.as_str(),
+            owner.kind.as_str(),
+            owner.name.as_str()
+        ),
+        ("v1", "Node", NODE)
+    );
+    assert_eq!(owner.uid, env.node_uid);
+    assert_eq!(owner.controller, Some(true));
+    let device = &slice.spec.devices.as_ref().unwrap()[1];
+    assert_eq!(device.name, "gpu-1");
+    assert_eq!(device.attributes.as_ref().unwrap()["index"].int, Some(1));
+    assert_eq!(device.capacity.as_ref().unwrap()["memory"].value.0, "80Gi");
+    assert_eq!(handle.stats().creates, 1);
+    assert_eq!(env.slice_writes(), (1, 0, 0));
+
+    // The publisher announced the server it found and the sync.
+    let connected = next_event(&mut events, |e| matches!(e, PublishEvent::Connected { .. })).await;
+    assert!(matches!(
+        connected,
+        PublishEvent::Connected { api_version: ResourceApiVersion::V1, release: Some(r) } if r.minor == 36
+    ));
+    next_event(&mut events, |e| {
+        matches!(e, PublishEvent::Synced { version: 0 })
+    })
+    .await;
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn noop_republish_and_one_device_change() {
+    let env = env().await;
+    let mut devices = gpus(300);
+    let handle = env.publisher().spawn(pool_of(devices.clone()));
+    synced(&handle).await;
+    assert_eq!(env.slices().len(), 5); // 64 devices per slice by default on 1.36
+    assert_eq!(assert_consistent_pool(&env.slices(), NODE).len(), 300);
+
+    // Same resources again: zero writes.
+    env.server.reset_stats();
+    handle.update(pool_of(devices.clone()));
+    synced(&handle).await;
+    assert_eq!(env.server.stats().writes(), 0);
+
+    // One device changes: one slice update, the generation stays.
+    devices[150] = devices[150].clone().attribute("firmware", "2.0");
+    env.server.reset_stats();
+    handle.update(pool_of(devices.clone()));
+    synced(&handle).await;
+    assert_eq!(env.slice_writes(), (0, 1, 0));
+    assert_eq!(env.server.stats().writes(), 1);
+    let slices = env.slices();
+    assert_consistent_pool(&slices, NODE);
+    assert!(slices.iter().all(|s| s.spec.pool.generation == 0));
+    let stats = handle.stats();
+    assert_eq!(
+        (stats.creates, stats.updates, stats.deletes, stats.errors),
+        (5, 1, 0, 0)
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn thousand_devices_split_into_valid_slices_and_shrink() {
+    let env = env().await;
+    let handle = env.publisher().spawn(pool_of(gpus(1000)));
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_eq!(slices.len(), 16);
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.spec.devices.as_ref().unwrap().len() <= 64)
+    );
+    let names = assert_consistent_pool(&slices, NODE);
+    let expected: BTreeSet<String> = (0..1000).map(|i| format!("gpu-{i}")).collect();
+    assert_eq!(names.into_iter().collect::<BTreeSet<_>>(), expected);
+
+    // Shrinking to 10 devices repacks (bounded fragmentation) into one slice, new generation.
+    handle.update(pool_of(gpus(10)));
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.pool.generation, 1);
+    assert_eq!(assert_consistent_pool(&slices, NODE).len(), 10);
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn shared_counters_and_partitions() {
+    let env = env().await;
+    let mut pool = Pool::new([]);
+    for gpu in 0..3 {
+        let set = format!("gpu-{gpu}-counters");
+        pool = pool
+            .counter_set(CounterSet::new(&set, [("memory", "80Gi"), ("sms", "132")]))
+            .device(
+                Device::new(format!("gpu-{gpu}"))
+                    .consumes(&set, [("memory", "80Gi"), ("sms", "132")]),
+            );
+        for part in 0..7 {
+            pool = pool.device(
+                Device::new(format!("gpu-{gpu}-mig-1g-{part}"))
+                    .attribute("profile", "1g.10gb")
+                    .consumes(&set, [("memory", "10Gi"), ("sms", "14")]),
+            );
+        }
+    }
+    let handle = env
+        .publisher()
+        .spawn(DriverResources::new().with_pool(NODE, pool));
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_eq!(slices.len(), 2, "one counter slice, one device slice");
+    let counters: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.shared_counters.is_some())
+        .collect();
+    assert_eq!(counters.len(), 1);
+    assert!(counters[0].spec.devices.as_ref().is_none_or(Vec::is_empty));
+    assert_eq!(counters[0].spec.shared_counters.as_ref().unwrap().len(), 3);
+    let names = assert_consistent_pool(&slices, NODE);
+    assert_eq!(names.len(), 24);
+    let device_slice = slices.iter().find(|s| s.spec.devices.is_some()).unwrap();
+    let mig = &device_slice.spec.devices.as_ref().unwrap()[1];
+    let consumption = &mig.consumes_counters.as_ref().unwrap()[0];
+    assert_eq!(consumption.counter_set, "gpu-0-counters");
+    assert_eq!(consumption.counters["memory"].value.0, "10Gi");
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn taint_added_then_removed() {
+    let env = env().await;
+    let mut devices = gpus(100);
+    let handle = env.publisher().spawn(pool_of(devices.clone()));
+    synced(&handle).await;
+
+    env.server.reset_stats();
+    devices[70] = devices[70]
+        .clone()
+        .taint(DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoExecute).value("79"));
+    handle.update(pool_of(devices.clone()));
+    synced(&handle).await;
+    assert_eq!(env.slice_writes(), (0, 1, 0));
+    let tainted: Vec<_> = env
+        .slices()
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter(|d| d.taints.is_some())
+        .collect();
+    assert_eq!(tainted.len(), 1);
+    assert_eq!(tainted[0].name, "gpu-70");
+    let taint = &tainted[0].taints.as_ref().unwrap()[0];
+    assert_eq!(
+        (taint.key.as_str(), taint.effect.as_str()),
+        ("gpu.example.com/xid", "NoExecute")
+    );
+
+    env.server.reset_stats();
+    devices[70].taints.clear();
+    handle.update(pool_of(devices));
+    synced(&handle).await;
+    assert_eq!(env.slice_writes(), (0, 1, 0));
+    assert!(
+        env.slices()
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .all(|d| d.taints.is_none())
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn external_delete_and_edit_are_repaired() {
+    let env = env().await;
+    let handle = env.publisher().spawn(pool_of(gpus(200)));
+    synced(&handle).await;
+    let before = env.slices();
+    assert_eq!(before.len(), 4);
+
+    // Someone deletes a slice: it comes back with the same name and generation.
+    let victim = before[1].metadata.name.clone().unwrap();
+    env.server.delete::<ResourceSlice>(None, &victim).unwrap();
+    eventually("the deleted slice to come back", || {
+        env.server
+            .get::<ResourceSlice>(None, &victim)
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    synced(&handle).await;
+    let after = env.slices();
+    assert_eq!(after.len(), 4);
+    assert_consistent_pool(&after, NODE);
+    assert!(after.iter().all(|s| s.spec.pool.generation == 0));
+
+    // Someone edits a slice: it is restored.
+    let mut edited = after[2].clone();
+    edited.spec.devices.as_mut().unwrap().truncate(3);
+    let edited = env.server.replace(&edited).unwrap();
+    let edited_rv = edited.metadata.resource_version.clone();
+    let name = edited.metadata.name.clone().unwrap();
+    eventually("the edited slice to be restored", || {
+        let current = env
+            .server
+            .get::<ResourceSlice>(None, &name)
+            .unwrap()
+            .unwrap();
+        current.metadata.resource_version != edited_rv
+            && current.spec.devices.as_ref().is_some_and(|d| d.len() == 64)
+    })
+    .await;
+    synced(&handle).await;
+    assert_eq!(assert_consistent_pool(&env.slices(), NODE).len(), 200);
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn kubelet_wipe_is_republished_and_stale_slices_removed() {
+    let env = env().await;
+    // A leftover from an older driver version (generateName style) and a removed pool.
+    let stale: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-1-gpu.example.com-x7k2p"},
+        "spec": {"driver": DRIVER, "nodeName": NODE,
+                 "pool": {"name": "old-pool", "generation": 3, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0"}]},
+    }))
+    .unwrap();
+    env.server.insert(&stale).unwrap();
+    let other_driver: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "someone-else"},
+        "spec": {"driver": "nic.example.com", "nodeName": NODE,
+                 "pool": {"name": NODE, "generation": 0, "resourceSliceCount": 1}},
+    }))
+    .unwrap();
+    env.server.insert(&other_driver).unwrap();
+
+    let handle = env.publisher().spawn(pool_of(gpus(70)));
+    synced(&handle).await;
+    let ours: Vec<ResourceSlice> = env
+        .slices()
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .collect();
+    assert_eq!(ours.len(), 2);
+    assert!(ours.iter().all(|s| s.spec.pool.name == NODE));
+    assert!(
+        env.server
+            .get::<ResourceSlice>(None, "someone-else")
+            .unwrap()
+            .is_some()
+    );
+    let names: BTreeSet<Option<String>> = ours.iter().map(|s| s.metadata.name.clone()).collect();
+
+    // kubelet restarts and deletes every slice of the node.
+    let api: Api<ResourceSlice> = Api::all(env.server.client().unwrap());
+    api.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().fields(&format!("spec.nodeName={NODE}")),
+    )
+    .await
+    .unwrap();
+    eventually("the wiped slices to be republished", || {
+        env.slices()
+            .iter()
+            .filter(|s| s.spec.driver == DRIVER)
+            .count()
+            == 2
+    })
+    .await;
+    synced(&handle).await;
+    let republished: BTreeSet<Option<String>> = env
+        .slices()
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .map(|s| s.metadata.name)
+        .collect();
+    assert_eq!(republished, names);
+
+    // Removing the pool deletes its slices.
+    handle.update(DriverResources::new());
+    synced(&handle).await;
+    assert!(env.slices().iter().all(|s| s.spec.driver != DRIVER));
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn outage_then_recovery_converges() {
+    let env = env().await;
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = errors.clone();
+    let mut devices = gpus(130);
+    let handle = env
+        .publisher()
+        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
+        .spawn(pool_of(devices.clone()));
+    synced(&handle).await;
+
+    // The API server breaks: writes fail with 500, watches are dropped and refused.
+    let faults = env.server.faults();
+    faults.inject(
+        Fault::status(500)
+            .resource("resourceslices")
+            .verb(Verb::Update)
+            .always(),
+    );
+    faults.inject(
+        Fault::status(500)
+            .resource("resourceslices")
+            .verb(Verb::Create)
+            .always(),
+    );
+    faults.reject_watches(500);
+    faults.drop_watches();
+    devices.push(Device::new("gpu-hotplugged"));
+    devices[0] = devices[0].clone().attribute("healthy", false);
+    handle.update(pool_of(devices.clone()));
+    eventually("write errors to be reported", || {
+        errors.lock().unwrap().iter().any(|e| e.contains("500"))
+    })
+    .await;
+    eventually("several retries", || handle.stats().errors >= 3).await;
+    eventually("the refused re-watch to be reported", || {
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("watching ResourceSlices"))
+    })
+    .await;
+
+    // Then conflicts for a while.
+    faults.clear();
+    faults.inject(
+        Fault::status(409)
+            .resource("resourceslices")
+            .verb(Verb::Update)
+            .times(2),
+    );
+    synced(&handle).await;
+    let slices = env.slices();
+    let names = assert_consistent_pool(&slices, NODE);
+    assert_eq!(names.len(), 131);
+    assert!(names.contains(&"gpu-hotplugged".to_owned()));
+    let gpu0 = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == "gpu-0")
+        .unwrap();
+    assert_eq!(
+        gpu0.attributes.as_ref().unwrap()["healthy"].bool,
+        Some(false)
+    );
+
+    // After recovery the publisher is quiet again.
+    env.server.reset_stats();
+    handle.update(pool_of(devices));
+    synced(&handle).await;
+    assert_eq!(env.server.stats().writes(), 0);
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn dropped_fields_are_reported_once_and_not_rewritten() {
+    let env = env().await;
+    env.server
+        .drop_fields("resourceslices", &["spec.devices[].taints"]);
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = errors.clone();
+    let mut devices = gpus(10);
+    devices[3] = devices[3].clone().taint(DeviceTaint::new(
+        "gpu.example.com/unhealthy",
+        TaintEffect::NoSchedule,
+    ));
+    let handle = env
+        .publisher()
+        .on_error(move |e| {
+            if matches!(e, PublishError::DroppedFields { .. }) {
+                seen.lock().unwrap().push(e.to_string());
+            }
+        })
+        .spawn(pool_of(devices.clone()));
+    let mut events = handle.subscribe();
+    synced(&handle).await;
+
+    let event = next_event(&mut events, |e| {
+        matches!(e, PublishEvent::DroppedFields { .. })
+    })
+    .await;
+    let PublishEvent::DroppedFields { pool, features, .. } = event else {
+        unreachable!()
+    };
+    assert_eq!(pool, NODE);
+    assert_eq!(features, BTreeSet::from([FeatureGate::DeviceTaints]));
+    assert!(errors.lock().unwrap()[0].contains("DRADeviceTaints"));
+    assert_eq!(env.slice_writes(), (1, 0, 0), "no rewrite loop");
+
+    // Another taint later: published (without taints), not reported again, not rewritten forever.
+    devices[4] = devices[4]
+        .clone()
+        .taint(DeviceTaint::new(
+            "gpu.example.com/unhealthy",
+            TaintEffect::NoSchedule,
+        ))
+        .attribute("firmware", "2");
+    handle.update(pool_of(devices));
+    synced(&handle).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(env.slice_writes(), (1, 1, 0));
+    assert_eq!(errors.lock().unwrap().len(), 1);
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_pool_is_reported_and_others_still_publish() {
+    let env = env().await;
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = errors.clone();
+    let resources = pool_of(gpus(2)).with_pool(
+        "broken",
+        Pool::new([
+            Device::new("GPU_0"),
+            Device::new("ok").attribute("bad-name", 1),
+        ]),
+    );
+    let handle = env
+        .publisher()
+        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
+        .spawn(resources);
+    synced(&handle).await;
+    assert_eq!(env.slices().len(), 1);
+    let errors = errors.lock().unwrap().clone();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains(r#"pool "broken" is not published"#));
+    assert!(errors[0].contains(r#"device "GPU_0", name"#));
+    assert!(errors[0].contains(r#"device "ok", attributes["bad-name"]"#));
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn stop_leaves_slices_and_a_restart_adopts_them() {
+    let env = env().await;
+    let handle = env
+        .publisher()
+        .node_uid(env.node_uid.clone())
+        .spawn(pool_of(gpus(100)));
+    synced(&handle).await;
+    handle.stop().await;
+    assert_eq!(env.slices().len(), 2);
+
+    env.server.reset_stats();
+    let handle = env.publisher().spawn(pool_of(gpus(100)));
+    synced(&handle).await;
+    assert_eq!(env.server.stats().writes(), 0);
+    // Dropping the handle stops the task too.
+    drop(handle);
+    assert_eq!(env.slices().len(), 2);
+}
+
+#[tokio::test]
+async fn older_servers_via_discovery() {
+    // A 1.33-style server: only v1beta2 (v1 JSON shape).
+    let env = env_with(
+        FakeApiServer::builder()
+            .git_version("v1.33.4")
+            .resource_types([
+                ResourceType::RESOURCE_SLICES.with_version("v1beta2"),
+                ResourceType::NODES,
+            ]),
+    )
+    .await;
+    let handle = env.publisher().spawn(pool_of(gpus(2)));
+    let mut events = handle.subscribe();
+    synced(&handle).await;
+    let event = next_event(&mut events, |e| matches!(e, PublishEvent::Connected { .. })).await;
+    assert!(matches!(
+        event,
+        PublishEvent::Connected {
+            api_version: ResourceApiVersion::V1beta2,
+            ..
+        }
+    ));
+    handle.stop().await;
+
+    // A 1.32-style server: only v1beta1, where devices are wrapped in `basic`.
+    let env = env_with(
+        FakeApiServer::builder()
+            .git_version("v1.32.9")
+            .resource_types([
+                ResourceType::RESOURCE_SLICES.with_version("v1beta1"),
+                ResourceType::NODES,
+            ]),
+    )
+    .await;
+    let handle = env.publisher().spawn(pool_of(gpus(2)));
+    synced(&handle).await;
+    let api: Api<DynamicObject> = Api::all_with(
+        env.server.client().unwrap(),
+        &ResourceApiVersion::V1beta1.api_resource(),
+    );
+    let stored = api.list(&ListParams::default()).await.unwrap();
+    assert_eq!(stored.items.len(), 1);
+    let device = &stored.items[0].data["spec"]["devices"][0];
+    assert_eq!(device["name"], "gpu-0");
+    assert_eq!(device["basic"]["attributes"]["model"]["string"], "h100");
+    env.server.reset_stats();
+    handle.update(pool_of(gpus(2)));
+    synced(&handle).await;
+    assert_eq!(
+        env.server.stats().writes(),
+        0,
+        "v1beta1 round trip is stable"
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_and_unknown_node() {
+    let env = env().await;
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = errors.clone();
+    // The node does not exist yet: the publisher keeps retrying the lookup.
+    let handle = ResourceSlicePublisher::for_node(env.server.client().unwrap(), DRIVER, "node-2")
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
+        .spawn(DriverResources::single_pool("node-2", gpus(1)));
+    eventually("the node lookup error", || {
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains(r#"looking up node "node-2""#))
+    })
+    .await;
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-2"},
+    }))
+    .unwrap();
+    env.server.insert(&node).unwrap();
+    synced(&handle).await;
+
+    let mut registry = prometheus_client::registry::Registry::default();
+    handle.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"dra_resourceslice_creates_total{driver="gpu.example.com"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("dra_resourceslice_errors_total"), "{text}");
+    assert_eq!(env.slices()[0].spec.node_name.as_deref(), Some("node-2"));
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn cluster_scoped_network_pools() {
+    let env = env().await;
+    let handle =
+        ResourceSlicePublisher::for_cluster(env.server.client().unwrap(), "net.example.com")
+            .sync_delay(Duration::from_millis(20))
+            .spawn(DriverResources::new().with_pool(
+                "fabric/rack-1",
+                Pool::new([Device::new("nic-0")]).node_selection(PoolNodeSelection::AllNodes),
+            ));
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.all_nodes, Some(true));
+    assert_eq!(slices[0].spec.node_name, None);
+    assert_eq!(slices[0].spec.pool.name, "fabric/rack-1");
+    assert!(slices[0].metadata.owner_references.is_none());
+    handle.stop().await;
+}
