@@ -49,7 +49,11 @@ struct Bench {
 impl Bench {
     async fn start() -> Self {
         let cluster = TestCluster::start().await.expect("cluster");
-        let plugin = cluster.plugin(BenchDriver, DRIVER).start().await.expect("plugin");
+        let plugin = cluster
+            .plugin(BenchDriver, DRIVER)
+            .start()
+            .await
+            .expect("plugin");
         let kubelet = cluster
             .register(&plugin, KubeletVersion::V1_36)
             .await

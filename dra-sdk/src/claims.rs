@@ -374,10 +374,16 @@ mod tests {
         }
     }
 
-    fn config(source: &str, requests: &[&str], driver: &str, strategy: &str) -> DeviceAllocationConfiguration {
+    fn config(
+        source: &str,
+        requests: &[&str],
+        driver: &str,
+        strategy: &str,
+    ) -> DeviceAllocationConfiguration {
         DeviceAllocationConfiguration {
             source: source.into(),
-            requests: (!requests.is_empty()).then(|| requests.iter().map(|r| r.to_string()).collect()),
+            requests: (!requests.is_empty())
+                .then(|| requests.iter().map(|r| r.to_string()).collect()),
             opaque: Some(OpaqueDeviceConfiguration {
                 driver: driver.into(),
                 parameters: RawExtension(serde_json::json!({
@@ -464,7 +470,10 @@ mod tests {
         let registry = ConfigRegistry::<Sharing>::new().register::<Sharing>();
         let error = resolve(claim_ref(), object, "gpu.example.com", &registry).unwrap_err();
         let message = error.to_string();
-        assert!(message.contains("opaque config #0 (from claim, requests [a])"), "{message}");
+        assert!(
+            message.contains("opaque config #0 (from claim, requests [a])"),
+            "{message}"
+        );
         assert!(message.contains("bogus"), "{message}");
     }
 

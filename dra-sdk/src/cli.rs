@@ -120,7 +120,10 @@ fn parse_endpoint(value: &str) -> Result<Option<SocketAddr>, String> {
         let port: u16 = port
             .parse()
             .map_err(|_| format!("{value:?} has no valid port"))?;
-        return Ok(Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port)));
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            port,
+        )));
     }
     value
         .parse()
@@ -137,7 +140,10 @@ mod tests {
         assert_eq!(parse_endpoint("").unwrap(), None);
         assert_eq!(parse_endpoint(":8080").unwrap().unwrap().port(), 8080);
         assert_eq!(
-            parse_endpoint("127.0.0.1:9000").unwrap().unwrap().to_string(),
+            parse_endpoint("127.0.0.1:9000")
+                .unwrap()
+                .unwrap()
+                .to_string(),
             "127.0.0.1:9000"
         );
         assert!(parse_endpoint("nonsense").unwrap_err().contains("nonsense"));

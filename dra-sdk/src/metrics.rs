@@ -205,7 +205,10 @@ pub(crate) async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::T
 async fn metrics_handler(State(state): State<HttpState>) -> impl IntoResponse {
     let mut body = String::new();
     let encoded = {
-        let registry = state.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        let registry = state
+            .registry
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         prometheus_client::encoding::text::encode(&mut body, &registry)
     };
     match encoded {

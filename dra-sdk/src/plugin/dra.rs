@@ -160,7 +160,9 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
 /// A stream fed by a task; the task ends when the receiver is dropped.
 fn async_stream<F, Fut>(producer: F) -> HealthStream
 where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<health_pb::NodeWatchResourcesResponse, Status>>) -> Fut,
+    F: FnOnce(
+        tokio::sync::mpsc::Sender<Result<health_pb::NodeWatchResourcesResponse, Status>>,
+    ) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (sender, receiver) = tokio::sync::mpsc::channel(4);

@@ -45,7 +45,10 @@ impl ClaimLocks {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -101,7 +104,11 @@ mod tests {
         for i in 0..50 {
             let locks = locks.clone();
             tasks.push(tokio::spawn(async move {
-                let batch = if i % 2 == 0 { ["x", "y", "z"] } else { ["z", "y", "x"] };
+                let batch = if i % 2 == 0 {
+                    ["x", "y", "z"]
+                } else {
+                    ["z", "y", "x"]
+                };
                 let _guards = locks.lock_all(batch).await;
                 tokio::task::yield_now().await;
             }));

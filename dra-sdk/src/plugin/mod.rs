@@ -39,6 +39,7 @@ use crate::driver::{Driver, PluginEvent};
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
 
+#[cfg(feature = "testing")]
 pub(crate) use client::unix_channel;
 pub use registration::RegistrationStatus;
 pub use socket::SocketPaths;
@@ -413,11 +414,11 @@ impl<D: Driver> PluginBuilder<D> {
             )
         });
         let dra_router = tonic::transport::Server::builder()
-            .add_service(crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(
-                DraV1 {
+            .add_service(
+                crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(DraV1 {
                     node: Arc::clone(&node),
-                },
-            ))
+                }),
+            )
             .add_service(
                 crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1 {
                     node: Arc::clone(&node),
@@ -471,9 +472,12 @@ impl<D: Driver> PluginBuilder<D> {
 
         let registry = Arc::new(Mutex::new(registry));
         let publisher = self.resources.map(|resources| {
-            let handle =
-                ResourceSlicePublisher::for_node(self.client.clone(), &driver_name, &self.node_name)
-                    .spawn(resources);
+            let handle = ResourceSlicePublisher::for_node(
+                self.client.clone(),
+                &driver_name,
+                &self.node_name,
+            )
+            .spawn(resources);
             if let Ok(mut registry) = registry.lock() {
                 handle.register_metrics(&mut registry);
             }
@@ -502,9 +506,9 @@ impl<D: Driver> PluginBuilder<D> {
             None => None,
         };
         let healthcheck_addr = match self.healthcheck_port {
-            Some(port) => Some(
-                spawn_healthcheck(port, probe, services_shutdown.clone(), &mut tasks).await?,
-            ),
+            Some(port) => {
+                Some(spawn_healthcheck(port, probe, services_shutdown.clone(), &mut tasks).await?)
+            }
             None => None,
         };
 
@@ -617,9 +621,11 @@ impl tonic_health::pb::health_server::Health for SocketHealth {
                 ServingStatus::NotServing
             }
         };
-        Ok(tonic::Response::new(tonic_health::pb::HealthCheckResponse {
-            status: status as i32,
-        }))
+        Ok(tonic::Response::new(
+            tonic_health::pb::HealthCheckResponse {
+                status: status as i32,
+            },
+        ))
     }
 
     type WatchStream = std::pin::Pin<

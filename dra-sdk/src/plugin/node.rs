@@ -57,7 +57,10 @@ impl<D: Driver> NodeService<D> {
     pub(crate) async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, PrepareResult> {
         let claims = unique_by_uid(claims);
         let _timer = self.metrics.request(Operation::Prepare, claims.len());
-        let _guards = self.locks.lock_all(claims.iter().map(|c| c.uid.as_str())).await;
+        let _guards = self
+            .locks
+            .lock_all(claims.iter().map(|c| c.uid.as_str()))
+            .await;
 
         let loaded = join_all(claims.iter().map(|claim| {
             let span = claim_span("load", &self.driver_name, claim);
@@ -138,7 +141,9 @@ impl<D: Driver> NodeService<D> {
                         self.metrics.claim_error(Operation::Prepare, "checkpoint");
                         results.insert(
                             uid,
-                            Err(format!("recording the prepared claim in the checkpoint: {error}")),
+                            Err(format!(
+                                "recording the prepared claim in the checkpoint: {error}"
+                            )),
                         );
                     }
                 }
@@ -199,7 +204,9 @@ impl<D: Driver> NodeService<D> {
             let cdi_device_ids = if device.edits.is_empty() {
                 Vec::new()
             } else {
-                ids.next().map(|id| vec![id.to_string()]).unwrap_or_default()
+                ids.next()
+                    .map(|id| vec![id.to_string()])
+                    .unwrap_or_default()
             };
             let existing = records.iter_mut().find(|r| {
                 r.pool == device.pool && r.device == device.device && r.share_id == device.share_id
@@ -231,7 +238,10 @@ impl<D: Driver> NodeService<D> {
     ) -> BTreeMap<String, UnprepareResult> {
         let claims = unique_by_uid(claims);
         let _timer = self.metrics.request(Operation::Unprepare, claims.len());
-        let _guards = self.locks.lock_all(claims.iter().map(|c| c.uid.as_str())).await;
+        let _guards = self
+            .locks
+            .lock_all(claims.iter().map(|c| c.uid.as_str()))
+            .await;
 
         let outcomes = join_all(claims.iter().map(|claim| {
             let span = claim_span("unprepare", &self.driver_name, claim);
@@ -334,9 +344,10 @@ impl<D: Driver> NodeService<D> {
             };
             let span = claim_span("rollback", &self.driver_name, &claim);
             let outcome = self.driver.rollback(&claim, record).instrument(span).await;
-            match outcome.map_err(|e| e.to_string()).and_then(|()| {
-                self.cdi.remove_claim(uid).map_err(|e| e.to_string())
-            }) {
+            match outcome
+                .map_err(|e| e.to_string())
+                .and_then(|()| self.cdi.remove_claim(uid).map_err(|e| e.to_string()))
+            {
                 Ok(()) => {
                     tracing::info!(claim = %claim, "rolled back an interrupted prepare");
                     removals.push(ClaimChange::Remove { uid: uid.clone() });
@@ -358,15 +369,24 @@ impl<D: Driver> NodeService<D> {
         if !removals.is_empty() {
             self.write_checkpoint(removals).await?;
         }
-        let known: HashSet<&String> = records.keys().filter(|uid| !removed.contains(*uid)).collect();
-        match self.cdi.remove_orphans(|uid| known.contains(&uid.to_string())) {
+        let known: HashSet<&String> = records
+            .keys()
+            .filter(|uid| !removed.contains(*uid))
+            .collect();
+        match self
+            .cdi
+            .remove_orphans(|uid| known.contains(&uid.to_string()))
+        {
             Ok(orphans) if !orphans.is_empty() => {
                 tracing::info!(count = orphans.len(), "removed CDI specs of unknown claims");
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "removing orphaned CDI specs"),
         }
-        let completed = records.values().filter(|record| record.is_completed()).count();
+        let completed = records
+            .values()
+            .filter(|record| record.is_completed())
+            .count();
         self.metrics.set_prepared_claims(completed);
         Ok(())
     }
@@ -378,7 +398,9 @@ impl<D: Driver> NodeService<D> {
             Ok(result) => result,
             Err(join_error) => Err(CheckpointError::Write {
                 path: self.checkpoint.path().to_path_buf(),
-                source: std::io::Error::other(format!("checkpoint writer task failed: {join_error}")),
+                source: std::io::Error::other(format!(
+                    "checkpoint writer task failed: {join_error}"
+                )),
             }),
         }
     }

@@ -58,12 +58,22 @@ impl AllocatedClaim {
     }
 
     /// Adds an opaque config declared in the claim (`FromClaim`); empty `requests` = all.
-    pub fn claim_config(self, requests: &[&str], driver: &str, parameters: serde_json::Value) -> Self {
+    pub fn claim_config(
+        self,
+        requests: &[&str],
+        driver: &str,
+        parameters: serde_json::Value,
+    ) -> Self {
         self.config("FromClaim", requests, driver, parameters)
     }
 
     /// Adds an opaque config inherited from the device class (`FromClass`).
-    pub fn class_config(self, requests: &[&str], driver: &str, parameters: serde_json::Value) -> Self {
+    pub fn class_config(
+        self,
+        requests: &[&str],
+        driver: &str,
+        parameters: serde_json::Value,
+    ) -> Self {
         self.config("FromClass", requests, driver, parameters)
     }
 

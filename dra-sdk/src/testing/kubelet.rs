@@ -251,9 +251,13 @@ impl KubeletSimulator {
     pub async fn register(&self, socket: &Path) -> Result<RegisteredPlugin, KubeletError> {
         let channel = dial(socket).await?;
         let mut client = reg_pb::registration_client::RegistrationClient::new(channel);
-        let info = with_timeout("GetInfo", GET_INFO_TIMEOUT, client.get_info(reg_pb::InfoRequest {}))
-            .await?
-            .into_inner();
+        let info = with_timeout(
+            "GetInfo",
+            GET_INFO_TIMEOUT,
+            client.get_info(reg_pb::InfoRequest {}),
+        )
+        .await?
+        .into_inner();
 
         let verdict = self.validate(&info);
         let status = match &verdict {
@@ -266,9 +270,12 @@ impl KubeletSimulator {
                 error: reason.clone(),
             },
         };
-        let notified =
-            with_timeout("NotifyRegistrationStatus", NOTIFY_TIMEOUT, client.notify_registration_status(status))
-                .await;
+        let notified = with_timeout(
+            "NotifyRegistrationStatus",
+            NOTIFY_TIMEOUT,
+            client.notify_registration_status(status),
+        )
+        .await;
         let api = verdict.map_err(KubeletError::Rejected)?;
         notified?;
 
@@ -280,10 +287,7 @@ impl KubeletSimulator {
             PathBuf::from(&info.endpoint)
         };
         let channel = dial(&endpoint).await?;
-        let health_advertised = info
-            .supported_versions
-            .iter()
-            .any(|v| v == HEALTH_SERVICE);
+        let health_advertised = info.supported_versions.iter().any(|v| v == HEALTH_SERVICE);
         Ok(RegisteredPlugin {
             info,
             api,
@@ -294,7 +298,10 @@ impl KubeletSimulator {
 
     fn validate(&self, info: &reg_pb::PluginInfo) -> Result<DraApi, String> {
         if info.r#type != "DRAPlugin" {
-            return Err(format!("no handler registered for plugin type: {}", info.r#type));
+            return Err(format!(
+                "no handler registered for plugin type: {}",
+                info.r#type
+            ));
         }
         if info.name.is_empty() {
             return Err("plugin name is empty".to_string());
@@ -359,7 +366,9 @@ impl RegisteredPlugin {
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, PrepareOutcome>, KubeletError> {
         let outcomes: BTreeMap<String, PrepareOutcome> = match self.api {
-            DraApi::V1 => prepare_via!(dra_v1, self.channel, claims, |d: dra_v1::Device| d.share_id),
+            DraApi::V1 => {
+                prepare_via!(dra_v1, self.channel, claims, |d: dra_v1::Device| d.share_id)
+            }
             DraApi::V1beta1 => prepare_via!(dra_v1beta1, self.channel, claims, |_| None),
         };
         check_keys(claims, outcomes.keys())?;
@@ -384,8 +393,9 @@ impl RegisteredPlugin {
 
     /// Opens the health stream, as kubelet 1.34+ does when health is advertised.
     pub async fn watch_health(&self) -> Result<HealthWatch, KubeletError> {
-        let mut client =
-            health_pb::dra_resource_health_client::DraResourceHealthClient::new(self.channel.clone());
+        let mut client = health_pb::dra_resource_health_client::DraResourceHealthClient::new(
+            self.channel.clone(),
+        );
         let stream = client
             .node_watch_resources(health_pb::NodeWatchResourcesRequest {})
             .await

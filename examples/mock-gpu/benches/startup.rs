@@ -25,14 +25,25 @@ async fn main() {
     for _ in 0..5 {
         let cluster = TestCluster::start().await.expect("cluster");
         let kubeconfig = cluster.path().join("kubeconfig");
-        cluster.api().write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
         let started = Instant::now();
         let binary = std::path::Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"));
         let mut child = plugin_command(binary, &cluster, &kubeconfig, 8)
             .spawn()
             .expect("spawn");
-        while cluster.api().list::<ResourceSlice>().expect("list").is_empty() {
-            assert!(started.elapsed() < Duration::from_secs(30), "no slice after 30 s");
+        while cluster
+            .api()
+            .list::<ResourceSlice>()
+            .expect("list")
+            .is_empty()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no slice after 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         startups.push(started.elapsed());

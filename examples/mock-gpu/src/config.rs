@@ -101,18 +101,18 @@ impl ConfigHooks for GpuConfig {
             return Err(ConfigValidationError::for_field("sharing", "is required"));
         };
         match sharing.strategy {
-            SharingStrategy::TimeSlicing if sharing.space_partitioning_config.is_some() => Err(
-                ConfigValidationError::for_field(
+            SharingStrategy::TimeSlicing if sharing.space_partitioning_config.is_some() => {
+                Err(ConfigValidationError::for_field(
                     "sharing.spacePartitioningConfig",
                     "must not be set with strategy TimeSlicing",
-                ),
-            ),
-            SharingStrategy::SpacePartitioning if sharing.time_slicing_config.is_some() => Err(
-                ConfigValidationError::for_field(
+                ))
+            }
+            SharingStrategy::SpacePartitioning if sharing.time_slicing_config.is_some() => {
+                Err(ConfigValidationError::for_field(
                     "sharing.timeSlicingConfig",
                     "must not be set with strategy SpacePartitioning",
-                ),
-            ),
+                ))
+            }
             SharingStrategy::SpacePartitioning => match &sharing.space_partitioning_config {
                 Some(space) if space.partition_count < 1 => Err(ConfigValidationError::for_field(
                     "sharing.spacePartitioningConfig.partitionCount",

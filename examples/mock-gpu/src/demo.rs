@@ -72,7 +72,9 @@ fn demo_claims() -> Vec<DemoClaim> {
 /// Runs the demo and returns the report it printed.
 pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
     let mut out = String::new();
-    let cluster = TestCluster::start().await.context("starting the embedded cluster")?;
+    let cluster = TestCluster::start()
+        .await
+        .context("starting the embedded cluster")?;
     let driver = MockGpuDriver::new(driver_name, NODE_NAME, num_devices);
     let resources = driver.resources();
     let plugin = cluster
@@ -114,8 +116,18 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
                 .map(move |device| (pool.clone(), device.name.clone()))
         })
         .collect();
-    free.sort_by_key(|(_, device)| device.trim_start_matches("gpu-").parse::<u32>().unwrap_or(0));
-    writeln!(out, "published {} devices in {} ResourceSlice(s)", free.len(), published.items.len())?;
+    free.sort_by_key(|(_, device)| {
+        device
+            .trim_start_matches("gpu-")
+            .parse::<u32>()
+            .unwrap_or(0)
+    });
+    writeln!(
+        out,
+        "published {} devices in {} ResourceSlice(s)",
+        free.len(),
+        published.items.len()
+    )?;
 
     let mut claims = Vec::new();
     let mut plans = Vec::new();
@@ -130,7 +142,10 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
         if let Some(config) = &plan.config {
             builder = builder.claim_config(&[], driver_name, config.clone());
         }
-        let claim = builder.create(&cluster.client()).await.context("creating a claim")?;
+        let claim = builder
+            .create(&cluster.client())
+            .await
+            .context("creating a claim")?;
         claims.push(ClaimRef {
             uid: claim.metadata.uid.clone().unwrap_or_default(),
             namespace: "default".into(),
@@ -139,7 +154,10 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
         plans.push(plan);
     }
 
-    let prepared = kubelet.prepare(&claims).await.context("NodePrepareResources")?;
+    let prepared = kubelet
+        .prepare(&claims)
+        .await
+        .context("NodePrepareResources")?;
     let mut succeeded = 0;
     for (claim, plan) in claims.iter().zip(&plans) {
         writeln!(out, "\nclaim {} ({}):", plan.name, plan.what)?;
@@ -147,7 +165,13 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
             Ok(devices) => {
                 succeeded += 1;
                 for device in devices {
-                    writeln!(out, "  device {}/{} -> {}", device.pool, device.device, device.cdi_device_ids.join(", "))?;
+                    writeln!(
+                        out,
+                        "  device {}/{} -> {}",
+                        device.pool,
+                        device.device,
+                        device.cdi_device_ids.join(", ")
+                    )?;
                     for env in container_env(&cluster, device)? {
                         writeln!(out, "    env {env}")?;
                     }
@@ -157,7 +181,10 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
         }
     }
 
-    let unprepared = kubelet.unprepare(&claims).await.context("NodeUnprepareResources")?;
+    let unprepared = kubelet
+        .unprepare(&claims)
+        .await
+        .context("NodeUnprepareResources")?;
     let unprepared_ok = unprepared.values().filter(|r| r.is_ok()).count();
     let leftover = std::fs::read_dir(cluster.cdi_root())?.count();
     writeln!(
@@ -179,7 +206,9 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
 fn container_env(cluster: &TestCluster, device: &KubeletDevice) -> Result<Vec<String>> {
     let mut env = BTreeMap::new();
     for id in &device.cdi_device_ids {
-        let Some((kind, name)) = id.split_once('=') else { continue };
+        let Some((kind, name)) = id.split_once('=') else {
+            continue;
+        };
         for entry in std::fs::read_dir(cluster.cdi_root())? {
             let path = entry?.path();
             let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)
@@ -187,9 +216,16 @@ fn container_env(cluster: &TestCluster, device: &KubeletDevice) -> Result<Vec<St
             if spec["kind"] != kind {
                 continue;
             }
-            let Some(devices) = spec["devices"].as_array() else { continue };
-            let Some(found) = devices.iter().find(|d| d["name"] == name) else { continue };
-            for value in [&spec["containerEdits"]["env"], &found["containerEdits"]["env"]] {
+            let Some(devices) = spec["devices"].as_array() else {
+                continue;
+            };
+            let Some(found) = devices.iter().find(|d| d["name"] == name) else {
+                continue;
+            };
+            for value in [
+                &spec["containerEdits"]["env"],
+                &found["containerEdits"]["env"],
+            ] {
                 for item in value.as_array().into_iter().flatten() {
                     if let Some(text) = item.as_str() {
                         env.insert(text.to_string(), ());

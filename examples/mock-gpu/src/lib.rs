@@ -86,9 +86,15 @@ pub struct MockGpuDriver {
 
 impl MockGpuDriver {
     /// A driver with `num_devices` GPUs on `node_name`.
-    pub fn new(driver_name: impl Into<String>, node_name: impl Into<String>, num_devices: u32) -> Self {
+    pub fn new(
+        driver_name: impl Into<String>,
+        node_name: impl Into<String>,
+        num_devices: u32,
+    ) -> Self {
         let node_name = node_name.into();
-        let gpus = (0..num_devices).map(|i| MockGpu::new(&node_name, i)).collect();
+        let gpus = (0..num_devices)
+            .map(|i| MockGpu::new(&node_name, i))
+            .collect();
         Self {
             driver_name: driver_name.into(),
             node_name,
@@ -109,7 +115,11 @@ impl MockGpuDriver {
         )
     }
 
-    fn device_edits(&self, claim: &ClaimRef, device: &AllocatedDevice<GpuConfig>) -> Result<ContainerEdits, DriverError> {
+    fn device_edits(
+        &self,
+        claim: &ClaimRef,
+        device: &AllocatedDevice<GpuConfig>,
+    ) -> Result<ContainerEdits, DriverError> {
         let gpu = self
             .gpus
             .iter()
@@ -176,7 +186,12 @@ impl Driver for MockGpuDriver {
         let devices = claim
             .devices
             .iter()
-            .map(|device| Ok(PreparedDevice::new(device, self.device_edits(&claim.claim, device)?)))
+            .map(|device| {
+                Ok(PreparedDevice::new(
+                    device,
+                    self.device_edits(&claim.claim, device)?,
+                ))
+            })
             .collect::<Result<Vec<_>, DriverError>>()?;
         let common = ContainerEdits::new()
             .env("KUBERNETES_NODE_NAME", &self.node_name)

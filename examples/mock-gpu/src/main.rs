@@ -42,8 +42,7 @@ enum Command {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -58,8 +57,15 @@ async fn main() -> Result<()> {
 }
 
 async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {
-    let client = args.kube_client().await.context("connecting to the API server")?;
-    let driver = MockGpuDriver::new(&driver_args.driver_name, &args.node_name, driver_args.num_devices);
+    let client = args
+        .kube_client()
+        .await
+        .context("connecting to the API server")?;
+    let driver = MockGpuDriver::new(
+        &driver_args.driver_name,
+        &args.node_name,
+        driver_args.num_devices,
+    );
     let resources = driver.resources();
     let plugin = KubeletPlugin::builder(driver, &driver_args.driver_name, &args.node_name, client)
         .args(&args)?

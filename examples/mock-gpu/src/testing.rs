@@ -7,12 +7,22 @@ use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 
 /// The plugin binary at `binary`, pointed at `cluster` through `kubeconfig`, as an operator
 /// would run it on the cluster's node.
-pub fn plugin_command(binary: &Path, cluster: &TestCluster, kubeconfig: &Path, num_devices: u32) -> Command {
+pub fn plugin_command(
+    binary: &Path,
+    cluster: &TestCluster,
+    kubeconfig: &Path,
+    num_devices: u32,
+) -> Command {
     let mut command = Command::new(binary);
     command
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["--node-name", NODE_NAME, "--num-devices", &num_devices.to_string()])
+        .args([
+            "--node-name",
+            NODE_NAME,
+            "--num-devices",
+            &num_devices.to_string(),
+        ])
         .arg("--kubelet-registrar-directory-path")
         .arg(cluster.registrar_dir())
         .arg("--kubelet-plugins-directory-path")

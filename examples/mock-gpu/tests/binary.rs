@@ -11,9 +11,14 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use mock_gpu::testing::plugin_command;
 
 fn spawn_plugin(cluster: &TestCluster, kubeconfig: &Path) -> Child {
-    plugin_command(Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")), cluster, kubeconfig, 4)
-        .spawn()
-        .expect("spawn plugin")
+    plugin_command(
+        Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")),
+        cluster,
+        kubeconfig,
+        4,
+    )
+    .spawn()
+    .expect("spawn plugin")
 }
 
 async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
@@ -44,9 +49,15 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert_eq!(plugin.info.name, "gpu.example.com");
 
     let api = cluster.api();
-    wait_for("a ResourceSlice", || !api.list::<ResourceSlice>().unwrap().is_empty()).await;
+    wait_for("a ResourceSlice", || {
+        !api.list::<ResourceSlice>().unwrap().is_empty()
+    })
+    .await;
     let slices = api.list::<ResourceSlice>().unwrap();
-    let devices: usize = slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
+    let devices: usize = slices
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
     assert_eq!(devices, 4);
     assert_eq!(slices[0].spec.node_name.as_deref(), Some(NODE_NAME));
 
@@ -55,7 +66,10 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     let status = child.wait().unwrap();
     assert!(status.success(), "exit status {status}");
     assert!(!socket.exists(), "registration socket left behind");
-    assert!(!Path::new(&plugin.info.endpoint).exists(), "DRA socket left behind");
+    assert!(
+        !Path::new(&plugin.info.endpoint).exists(),
+        "DRA socket left behind"
+    );
     // Slices stay: the kubelet wipes them if the plugin does not come back.
     assert!(!api.list::<ResourceSlice>().unwrap().is_empty());
 }
@@ -63,10 +77,20 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
 #[test]
 fn bad_flags_fail_with_a_clear_message() {
     let output = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
-        .args(["--node-name", "n", "--http-endpoint", "nonsense", "--kubeconfig", "/nonexistent"])
+        .args([
+            "--node-name",
+            "n",
+            "--http-endpoint",
+            "nonsense",
+            "--kubeconfig",
+            "/nonexistent",
+        ])
         .output()
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("/nonexistent") || stderr.contains("http-endpoint"), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent") || stderr.contains("http-endpoint"),
+        "{stderr}"
+    );
 }
