@@ -3,7 +3,7 @@
 //!
 //! Compiler output changes between Rust releases, so the expected files are for the toolchain
 //! pinned in `rust-toolchain.toml`; other toolchains skip the test. After an intended change,
-//! regenerate with `TRYBUILD=overwrite cargo test -p dra-sdk-derive --test ui` and review the
+//! regenerate with `TRYBUILD=overwrite cargo test --workspace --all-features --test ui` (the README test command's feature set: the expected compiler output lists trait implementations, which depend on the enabled features) and review the
 //! diff.
 
 use std::process::Command;
