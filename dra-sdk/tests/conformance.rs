@@ -432,6 +432,9 @@ mod raw {
         ($name:ident, $pb:ident) => {
             struct $name(Arc<Plugin>);
 
+            // v1 devices have a share ID that v1beta1 devices lack: `..Default::default()`
+            // fills it in one version and is a no-op in the other.
+            #[allow(clippy::needless_update)]
             #[tonic::async_trait]
             impl $pb::dra_plugin_server::DraPlugin for $name {
                 async fn node_prepare_resources(

@@ -210,17 +210,19 @@ async fn registration(s: &mut Session) -> CaseResult {
         KubeletVersion::V1_35,
         KubeletVersion::V1_36,
     ] {
-        match KubeletSimulator::new(version)
-            .register(&s.registration)
-            .await
-        {
-            Ok(plugin) => accepted.push(format!("{} uses {:?}", release(version), plugin.api)),
-            // Older kubelets need v1beta1: reported by the api-versions case.
-            Err(KubeletError::Rejected(reason))
-                if matches!(version, KubeletVersion::V1_32 | KubeletVersion::V1_33) =>
-            {
+        let kubelet = KubeletSimulator::new(version);
+        // Only accepting kubelets run the handshake: a rejection would reach a plugin that a
+        // real kubelet registered. Older kubelets need v1beta1, which api-versions checks.
+        match kubelet.choose_api(&info) {
+            Ok(_) => {}
+            Err(reason) if matches!(version, KubeletVersion::V1_32 | KubeletVersion::V1_33) => {
                 accepted.push(format!("{} rejects it ({reason})", release(version)));
+                continue;
             }
+            Err(reason) => fail!("kubelet {} rejects the plugin: {reason}", release(version)),
+        }
+        match kubelet.register(&s.registration).await {
+            Ok(plugin) => accepted.push(format!("{} uses {:?}", release(version), plugin.api)),
             Err(error) => fail!("kubelet {}: {error}", release(version)),
         }
     }

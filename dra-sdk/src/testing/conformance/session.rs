@@ -17,8 +17,7 @@ use crate::proto::pluginregistration as reg_pb;
 use crate::testing::allocator::{AllocateClaimError, allocate_claim};
 use crate::testing::cluster::{NODE_NAME, NewClaim, TestCluster, driver_device_class};
 use crate::testing::kubelet::{
-    DIAL_TIMEOUT, DraApi, GET_INFO_TIMEOUT, KubeletDevice, KubeletSimulator, KubeletVersion,
-    PrepareOutcome, RegisteredPlugin,
+    DraApi, KubeletDevice, KubeletSimulator, KubeletVersion, PrepareOutcome, RegisteredPlugin,
 };
 
 /// How long an in-process start waits for the plugin's ResourceSlices.
@@ -72,16 +71,10 @@ pub(super) struct Session {
 
 /// `GetInfo` with the kubelet's dial and call timeouts.
 pub(super) async fn get_info(socket: &Path) -> Result<reg_pb::PluginInfo, String> {
-    let channel = tokio::time::timeout(DIAL_TIMEOUT, crate::plugin::unix_channel(socket))
+    KubeletSimulator::new(KubeletVersion::V1_36)
+        .get_info(socket)
         .await
-        .map_err(|_| format!("no connection within {DIAL_TIMEOUT:?}"))?
-        .map_err(|error| format!("dialling: {error}"))?;
-    let mut client = reg_pb::registration_client::RegistrationClient::new(channel);
-    tokio::time::timeout(GET_INFO_TIMEOUT, client.get_info(reg_pb::InfoRequest {}))
-        .await
-        .map_err(|_| format!("no answer within the kubelet's {GET_INFO_TIMEOUT:?}"))?
-        .map(tonic::Response::into_inner)
-        .map_err(|status| format!("{}: {}", status.code(), status.message()))
+        .map_err(|error| error.to_string())
 }
 
 /// A random claim UID in UUID form, for claims nobody created.
@@ -511,7 +504,7 @@ impl Session {
     /// The driver's published ResourceSlices, if the API is reachable.
     pub(super) async fn published(&self) -> Result<slices::PublishedSlices, Verdict> {
         let api = self.api()?;
-        slices::read_published(&api.client, &self.driver, api.node.as_deref())
+        slices::read_published(&api.client, Some(&self.driver), api.node.as_deref())
             .await
             .map_err(|error| fail(format!("reading ResourceSlices: {error}")))
     }
@@ -570,7 +563,9 @@ async fn open_api(
 
 /// The node of the driver's node-local slices, when they name exactly one.
 async fn infer_node(client: &kube::Client, driver: &str) -> Option<String> {
-    let published = slices::read_published(client, driver, None).await.ok()?;
+    let published = slices::read_published(client, Some(driver), None)
+        .await
+        .ok()?;
     let nodes: BTreeSet<&str> = published
         .slices
         .iter()

@@ -11,7 +11,7 @@
 //! use dra_sdk::slices::SliceLimits;
 //! use dra_sdk::testing::conformance::slices;
 //!
-//! let published = slices::read_published(&client, "gpu.example.com", Some("node-a")).await?;
+//! let published = slices::read_published(&client, Some("gpu.example.com"), Some("node-a")).await?;
 //! let limits = SliceLimits::for_optional_release(published.release);
 //! for problem in slices::check(&published.slices, "gpu.example.com", &limits) {
 //!     println!("{problem}");
@@ -44,15 +44,19 @@ pub struct PublishedSlices {
     pub slices: Vec<Value>,
 }
 
-/// Reads the ResourceSlices of `driver` (for `node` and those without a node, when given)
-/// in the newest `resource.k8s.io` version the server serves, and the server's release.
+/// Reads the ResourceSlices of `driver` (of every driver when `None`; for `node` and those
+/// without a node, when given) in the newest `resource.k8s.io` version the server serves, and
+/// the server's release.
 pub async fn read_published(
     client: &kube::Client,
-    driver: &str,
+    driver: Option<&str>,
     node: Option<&str>,
 ) -> Result<PublishedSlices, kube::Error> {
     let release = server_release(client).await?;
-    let params = ListParams::default().fields(&format!("spec.driver={driver}"));
+    let params = match driver {
+        Some(driver) => ListParams::default().fields(&format!("spec.driver={driver}")),
+        None => ListParams::default(),
+    };
     let list = |version: ResourceApiVersion| {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &version.api_resource());
         let params = params.clone();
@@ -162,7 +166,7 @@ fn check_slice_shape(slice: &Value, limits: &SliceLimits, problem: &mut impl FnM
     let set = |field: &str| {
         slice
             .pointer(&format!("/spec/{field}"))
-            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false) && *v != Value::from(""))
+            .is_some_and(|v| !v.is_null() && *v != Value::Bool(false) && v.as_str() != Some(""))
     };
     let selections: Vec<&str> = [
         "nodeName",
