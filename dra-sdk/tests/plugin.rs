@@ -211,7 +211,11 @@ async fn registers_with_v1_kubelets_and_serves_prepare() {
     .unwrap();
 
     let claim = gpu_claim(&s.cluster, "one", &["gpu-0"]).await;
-    let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     let devices = result[&claim.uid].as_ref().unwrap();
     assert_eq!(devices.len(), 1);
     assert_eq!(devices[0].request_names, ["gpu"]);
@@ -231,9 +235,17 @@ async fn kubelet_1_32_uses_v1beta1() {
     let s = setup_with(TestDriver::default(), KubeletVersion::V1_32).await;
     assert_eq!(s.kubelet.api, DraApi::V1beta1);
     let claim = gpu_claim(&s.cluster, "beta", &["gpu-1"]).await;
-    let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(result[&claim.uid].as_ref().unwrap()[0].device, "gpu-1");
-    let result = s.kubelet.unprepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(result[&claim.uid], Ok(()));
 }
 
@@ -241,7 +253,11 @@ async fn kubelet_1_32_uses_v1beta1() {
 async fn prepare_and_unprepare_round_trip_writes_and_removes_the_cdi_spec() {
     let s = setup().await;
     let claim = gpu_claim(&s.cluster, "pair", &["gpu-0", "gpu-1"]).await;
-    let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     let devices = result[&claim.uid].as_ref().unwrap();
     assert_eq!(devices.len(), 2);
 
@@ -268,7 +284,11 @@ async fn prepare_and_unprepare_round_trip_writes_and_removes_the_cdi_spec() {
             .contains("DRIVER=gpu.example.com")
     );
 
-    let result = s.kubelet.unprepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(result[&claim.uid], Ok(()));
     assert!(cdi_files(&s.cluster).is_empty());
     assert_eq!(s.driver.unprepares.load(Ordering::SeqCst), 1);
@@ -278,13 +298,25 @@ async fn prepare_and_unprepare_round_trip_writes_and_removes_the_cdi_spec() {
 async fn prepare_is_idempotent_and_does_not_call_the_driver_twice() {
     let s = setup().await;
     let claim = gpu_claim(&s.cluster, "idem", &["gpu-2"]).await;
-    let first = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
-    let second = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let first = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let second = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(first, second);
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 1);
     // The second answer comes from the checkpoint: not even the API server is asked.
     s.cluster.api().faults().fail_next(10, 500);
-    let third = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let third = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(first, third);
 }
 
@@ -424,7 +456,11 @@ async fn claim_reads_retry_transient_api_errors() {
             .resource("resourceclaims")
             .times(2),
     );
-    let result = s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert!(result[&claim.uid].is_ok(), "{:?}", result[&claim.uid]);
 }
 
@@ -432,7 +468,10 @@ async fn claim_reads_retry_transient_api_errors() {
 async fn unprepare_needs_no_api_server_and_accepts_unknown_claims() {
     let s = setup().await;
     let claim = gpu_claim(&s.cluster, "gone", &["gpu-0"]).await;
-    s.kubelet.prepare(&[claim.clone()]).await.unwrap();
+    s.kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     let api: Api<ResourceClaim> = Api::namespaced(s.cluster.client(), "default");
     api.delete("gone", &DeleteParams::default()).await.unwrap();
     let unknown = ClaimRef {
@@ -455,7 +494,11 @@ async fn unprepare_needs_no_api_server_and_accepts_unknown_claims() {
         "unknown claims do not reach the driver"
     );
     // And again: idempotent.
-    let result = s.kubelet.unprepare(&[claim.clone()]).await.unwrap();
+    let result = s
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     assert_eq!(result[&claim.uid], Ok(()));
     assert_eq!(s.driver.unprepares.load(Ordering::SeqCst), 1);
 }
@@ -511,7 +554,7 @@ async fn restart_serves_completed_claims_and_rolls_back_interrupted_ones() {
         .await
         .unwrap();
     let done = gpu_claim(&cluster, "done", &["gpu-0"]).await;
-    let before = kubelet.prepare(&[done.clone()]).await.unwrap();
+    let before = kubelet.prepare(std::slice::from_ref(&done)).await.unwrap();
     plugin.shutdown().await.unwrap();
 
     // A prepare that was interrupted by a crash, and a spec file nobody knows about.
@@ -547,7 +590,7 @@ async fn restart_serves_completed_claims_and_rolls_back_interrupted_ones() {
         .register(&plugin, KubeletVersion::V1_36)
         .await
         .unwrap();
-    let after = kubelet.prepare(&[done.clone()]).await.unwrap();
+    let after = kubelet.prepare(std::slice::from_ref(&done)).await.unwrap();
     assert_eq!(before, after);
     assert_eq!(
         second.prepares.load(Ordering::SeqCst),
@@ -584,7 +627,7 @@ async fn a_corrupt_checkpoint_is_moved_aside_and_reported() {
         .await
         .unwrap();
     let claim = gpu_claim(&cluster, "after-corruption", &["gpu-0"]).await;
-    assert!(kubelet.prepare(&[claim.clone()]).await.unwrap()[&claim.uid].is_ok());
+    assert!(kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap()[&claim.uid].is_ok());
     plugin.shutdown().await.unwrap();
 }
 
@@ -615,10 +658,16 @@ async fn rolling_update_runs_two_instances_side_by_side() {
     let old_kubelet = cluster.register(&old, KubeletVersion::V1_36).await.unwrap();
     let new_kubelet = cluster.register(&new, KubeletVersion::V1_36).await.unwrap();
     let claim = gpu_claim(&cluster, "handover", &["gpu-0"]).await;
-    old_kubelet.prepare(&[claim.clone()]).await.unwrap();
+    old_kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
     old.shutdown().await.unwrap();
     assert_eq!(
-        new_kubelet.unprepare(&[claim.clone()]).await.unwrap()[&claim.uid],
+        new_kubelet
+            .unprepare(std::slice::from_ref(&claim))
+            .await
+            .unwrap()[&claim.uid],
         Ok(())
     );
     assert!(cdi_files(&cluster).is_empty());

@@ -1,31 +1,55 @@
 //! `mock-gpu-kubelet-plugin demo`: the driver end to end against an embedded cluster.
 //!
 //! Starts the fake API server and the plugin on temporary directories, publishes the mock GPUs,
-//! creates claims, allocates them from the published ResourceSlice (first fit, like a
-//! scheduler would for these simple requests), prepares them through a simulated kubelet over
-//! the plugin's real sockets, shows the CDI edits each container would get, unprepares them and
-//! prints a summary.
+//! creates a DeviceClass and claims the way a user would, allocates them from the published
+//! ResourceSlices with the SDK's scheduler-like allocator (CEL selectors included), prepares
+//! them through a simulated kubelet over the plugin's real sockets, shows the CDI edits each
+//! container would get, unprepares them and prints a summary.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use dra_sdk::driver::ClaimRef;
-use dra_sdk::testing::claims::AllocatedClaim;
+use dra_sdk::testing::allocator::allocate_claim;
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletDevice, KubeletVersion};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 
 use crate::MockGpuDriver;
 
-/// One claim of the demo: what it asks for and which config it carries.
+/// One claim of the demo: what it asks for, who uses it.
 struct DemoClaim {
     name: &'static str,
     what: &'static str,
-    gpus: usize,
-    config: Option<serde_json::Value>,
+    /// The claim's `spec.devices`.
+    devices: serde_json::Value,
+    /// Pods (and the containers in them) that use the claim.
+    pods: &'static [(&'static str, &'static [&'static str])],
+}
+
+fn gpu_request(count: u32, selector: Option<&str>) -> serde_json::Value {
+    let mut exactly = serde_json::json!({ "deviceClassName": "gpu.example.com", "count": count });
+    if let Some(expression) = selector {
+        exactly["selectors"] = serde_json::json!([{ "cel": { "expression": expression } }]);
+    }
+    serde_json::json!({ "name": "gpu", "exactly": exactly })
+}
+
+fn gpu_config(sharing: serde_json::Value) -> serde_json::Value {
+    serde_json::json!([{
+        "requests": ["gpu"],
+        "opaque": {
+            "driver": "gpu.example.com",
+            "parameters": {
+                "apiVersion": "gpu.resource.example.com/v1alpha1",
+                "kind": "GpuConfig",
+                "sharing": sharing
+            }
+        }
+    }])
 }
 
 fn demo_claims() -> Vec<DemoClaim> {
@@ -33,38 +57,44 @@ fn demo_claims() -> Vec<DemoClaim> {
         DemoClaim {
             name: "single-gpu",
             what: "one GPU, default config",
-            gpus: 1,
-            config: None,
+            devices: serde_json::json!({ "requests": [gpu_request(1, None)] }),
+            pods: &[("pod-a", &["main"])],
         },
         DemoClaim {
             name: "shared-gpu",
-            what: "one GPU shared by two containers, time-slicing Long",
-            gpus: 1,
-            config: Some(serde_json::json!({
-                "apiVersion": "gpu.resource.example.com/v1alpha1",
-                "kind": "GpuConfig",
-                "sharing": { "strategy": "TimeSlicing", "timeSlicingConfig": { "interval": "Long" } }
-            })),
+            what: "one GPU shared by two pods, time-slicing Long",
+            devices: serde_json::json!({
+                "requests": [gpu_request(1, None)],
+                "config": gpu_config(serde_json::json!({
+                    "strategy": "TimeSlicing", "timeSlicingConfig": { "interval": "Long" }
+                })),
+            }),
+            pods: &[("pod-b", &["main"]), ("pod-c", &["main"])],
         },
         DemoClaim {
-            name: "partitioned-pair",
-            what: "two GPUs, space-partitioned in 4",
-            gpus: 2,
-            config: Some(serde_json::json!({
-                "apiVersion": "gpu.resource.example.com/v1alpha1",
-                "kind": "GpuConfig",
-                "sharing": { "strategy": "SpacePartitioning", "spacePartitioningConfig": { "partitionCount": 4 } }
-            })),
+            name: "cel-selected",
+            what: "two GPUs with index >= 6, selected by CEL, space-partitioned in 4",
+            devices: serde_json::json!({
+                "requests": [gpu_request(2, Some(
+                    "device.attributes[\"gpu.example.com\"].index >= 6 && \
+                     device.capacity[\"gpu.example.com\"].memory.compareTo(quantity(\"40Gi\")) >= 0"
+                ))],
+                "config": gpu_config(serde_json::json!({
+                    "strategy": "SpacePartitioning", "spacePartitioningConfig": { "partitionCount": 4 }
+                })),
+            }),
+            pods: &[("pod-d", &["trainer", "sidecar"])],
         },
         DemoClaim {
             name: "bad-config",
             what: "one GPU with a misspelled config field (must fail alone)",
-            gpus: 1,
-            config: Some(serde_json::json!({
-                "apiVersion": "gpu.resource.example.com/v1alpha1",
-                "kind": "GpuConfig",
-                "sharing": { "strategy": "TimeSlicing", "timeSlicingConfig": { "intervall": "Long" } }
-            })),
+            devices: serde_json::json!({
+                "requests": [gpu_request(1, None)],
+                "config": gpu_config(serde_json::json!({
+                    "strategy": "TimeSlicing", "timeSlicingConfig": { "intervall": "Long" }
+                })),
+            }),
+            pods: &[("pod-e", &["main"])],
         },
     ]
 }
@@ -75,6 +105,7 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
     let cluster = TestCluster::start()
         .await
         .context("starting the embedded cluster")?;
+    let client = cluster.client();
     let driver = MockGpuDriver::new(driver_name, NODE_NAME, num_devices);
     let resources = driver.resources();
     let plugin = cluster
@@ -89,150 +120,155 @@ pub async fn run(driver_name: &str, num_devices: u32) -> Result<String> {
         .context("registering with the simulated kubelet")?;
     writeln!(
         out,
-        "plugin {driver_name} registered (API {:?}), sockets:\n  {}\n  {}",
-        kubelet.api,
-        plugin.socket_paths().registration.display(),
-        plugin.socket_paths().dra.display()
+        "plugin {driver_name} registered with a simulated kubelet 1.36 (API {:?})",
+        kubelet.api
     )?;
 
     if let Some(publisher) = plugin.publisher() {
         publisher.synced().await;
     }
-    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
     let published = slices
         .list(&ListParams::default().fields(&format!("spec.driver={driver_name}")))
         .await
         .context("listing ResourceSlices")?;
-    let mut free: Vec<(String, String)> = published
+    let devices: usize = published
         .items
         .iter()
-        .flat_map(|slice| {
-            let pool = slice.spec.pool.name.clone();
-            slice
-                .spec
-                .devices
-                .iter()
-                .flatten()
-                .map(move |device| (pool.clone(), device.name.clone()))
-        })
-        .collect();
-    free.sort_by_key(|(_, device)| {
-        device
-            .trim_start_matches("gpu-")
-            .parse::<u32>()
-            .unwrap_or(0)
-    });
+        .map(|slice| slice.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
     writeln!(
         out,
-        "published {} devices in {} ResourceSlice(s)",
-        free.len(),
+        "published {devices} GPUs in {} ResourceSlice(s)",
         published.items.len()
     )?;
 
-    let mut claims = Vec::new();
-    let mut plans = Vec::new();
-    for plan in demo_claims() {
-        if free.len() < plan.gpus {
-            bail!("not enough free GPUs for claim {}", plan.name);
-        }
-        let mut builder = AllocatedClaim::new("default", plan.name);
-        for (pool, device) in free.drain(..plan.gpus) {
-            builder = builder.device("gpu", driver_name, &pool, &device);
-        }
-        if let Some(config) = &plan.config {
-            builder = builder.claim_config(&[], driver_name, config.clone());
-        }
-        let claim = builder
-            .create(&cluster.client())
+    let class: DeviceClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": { "name": "gpu.example.com" },
+        "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == \"{driver_name}\"") } }] }
+    }))?;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .context("creating the DeviceClass")?;
+
+    let claims_api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let plans = demo_claims();
+    let mut refs = Vec::new();
+    for plan in &plans {
+        let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": { "name": plan.name, "namespace": "default" },
+            "spec": { "devices": plan.devices },
+        }))?;
+        claims_api
+            .create(&PostParams::default(), &claim)
             .await
-            .context("creating a claim")?;
-        claims.push(ClaimRef {
-            uid: claim.metadata.uid.clone().unwrap_or_default(),
+            .with_context(|| format!("creating claim {}", plan.name))?;
+        let mut allocated = None;
+        for (index, (pod, _)) in plan.pods.iter().enumerate() {
+            let pod_uid = format!("00000000-0000-4000-8000-{:012}", refs.len() * 10 + index);
+            allocated = Some(
+                allocate_claim(
+                    &client,
+                    "default",
+                    plan.name,
+                    NODE_NAME,
+                    Some((pod, &pod_uid)),
+                )
+                .await
+                .with_context(|| format!("allocating claim {}", plan.name))?,
+            );
+        }
+        let uid = allocated
+            .and_then(|claim| claim.metadata.uid)
+            .context("allocated claim without UID")?;
+        refs.push(ClaimRef {
+            uid,
             namespace: "default".into(),
             name: plan.name.into(),
         });
-        plans.push(plan);
     }
 
-    let prepared = kubelet
-        .prepare(&claims)
-        .await
-        .context("NodePrepareResources")?;
-    let mut succeeded = 0;
-    for (claim, plan) in claims.iter().zip(&plans) {
-        writeln!(out, "\nclaim {} ({}):", plan.name, plan.what)?;
-        match &prepared[&claim.uid] {
-            Ok(devices) => {
-                succeeded += 1;
-                for device in devices {
-                    writeln!(
-                        out,
-                        "  device {}/{} -> {}",
-                        device.pool,
-                        device.device,
-                        device.cdi_device_ids.join(", ")
-                    )?;
-                    for env in container_env(&cluster, device)? {
-                        writeln!(out, "    env {env}")?;
+    // The kubelet sends one NodePrepareResources per pod; a claim already prepared for an
+    // earlier pod is answered from the plugin's checkpoint.
+    let mut results = BTreeMap::new();
+    for (plan, claim) in plans.iter().zip(&refs) {
+        for (pod, containers) in plan.pods {
+            let answer = kubelet
+                .prepare(std::slice::from_ref(claim))
+                .await
+                .context("NodePrepareResources")?;
+            if let Some(result) = answer.get(&claim.uid) {
+                results.insert(claim.uid.clone(), result.clone());
+                writeln!(out, "\npod {pod}, claim {} ({}):", plan.name, plan.what)?;
+                match result {
+                    Ok(devices) => {
+                        for container in *containers {
+                            writeln!(out, "  container {container}:")?;
+                            for device in devices {
+                                writeln!(
+                                    out,
+                                    "    {} -> {}",
+                                    device.device,
+                                    device.cdi_device_ids.join(", ")
+                                )?;
+                            }
+                            for env in container_env(&cluster, devices)? {
+                                writeln!(out, "      env {env}")?;
+                            }
+                        }
                     }
+                    Err(error) => writeln!(out, "  FAILED: {error}")?,
                 }
             }
-            Err(error) => writeln!(out, "  FAILED: {error}")?,
         }
     }
 
     let unprepared = kubelet
-        .unprepare(&claims)
+        .unprepare(&refs)
         .await
         .context("NodeUnprepareResources")?;
+    let prepared = results.values().filter(|r| r.is_ok()).count();
     let unprepared_ok = unprepared.values().filter(|r| r.is_ok()).count();
     let leftover = std::fs::read_dir(cluster.cdi_root())?.count();
     writeln!(
         out,
-        "\nsummary: {} claims, {} prepared, {} failed as expected, {} unprepared, {} CDI spec files left",
-        claims.len(),
-        succeeded,
-        claims.len() - succeeded,
-        unprepared_ok,
-        leftover
+        "\nsummary: {} claims allocated, {prepared} prepared, {} failed (the bad config), \
+         {unprepared_ok} unprepared, {leftover} CDI spec files left",
+        refs.len(),
+        refs.len() - prepared,
     )?;
     plugin.shutdown().await.context("stopping the plugin")?;
     print!("{out}");
     Ok(out)
 }
 
-/// The environment a container using `device` gets: the spec-level and device-level env of
-/// the CDI spec file that defines its CDI ID.
-fn container_env(cluster: &TestCluster, device: &KubeletDevice) -> Result<Vec<String>> {
-    let mut env = BTreeMap::new();
-    for id in &device.cdi_device_ids {
+/// The environment a container using `devices` gets: spec-level and device-level env of the
+/// CDI spec files that define their CDI IDs.
+fn container_env(cluster: &TestCluster, devices: &[KubeletDevice]) -> Result<Vec<String>> {
+    let mut env = std::collections::BTreeSet::new();
+    for id in devices.iter().flat_map(|d| &d.cdi_device_ids) {
         let Some((kind, name)) = id.split_once('=') else {
             continue;
         };
         for entry in std::fs::read_dir(cluster.cdi_root())? {
             let path = entry?.path();
-            let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)
-                .with_context(|| format!("parsing {}", path.display()))?;
-            if spec["kind"] != kind {
+            let spec = dra_sdk::cdi::Spec::read_file(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if spec.kind.to_string() != kind {
                 continue;
             }
-            let Some(devices) = spec["devices"].as_array() else {
+            let Some(device) = spec.devices.iter().find(|d| d.name == name) else {
                 continue;
             };
-            let Some(found) = devices.iter().find(|d| d["name"] == name) else {
-                continue;
-            };
-            for value in [
-                &spec["containerEdits"]["env"],
-                &found["containerEdits"]["env"],
-            ] {
-                for item in value.as_array().into_iter().flatten() {
-                    if let Some(text) = item.as_str() {
-                        env.insert(text.to_string(), ());
-                    }
-                }
+            for edits in [&spec.container_edits, &device.container_edits] {
+                env.extend(edits.env.iter().cloned());
             }
         }
     }
-    Ok(env.into_keys().collect())
+    Ok(env.into_iter().collect())
 }

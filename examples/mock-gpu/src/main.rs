@@ -1,20 +1,30 @@
 //! `mock-gpu-kubelet-plugin`: the kubelet plugin of the mock GPU example driver.
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
 
 /// DRA kubelet plugin for mock GPUs.
 #[derive(Parser)]
-#[command(name = "mock-gpu-kubelet-plugin", version, about)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(
+    name = "mock-gpu-kubelet-plugin",
+    version,
+    about,
+    after_help = "Subcommand:\n  demo    Run the driver end to end against an embedded in-process cluster\n          (`mock-gpu-kubelet-plugin demo --help`)"
+)]
 struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
     #[command(flatten)]
     plugin: PluginArgs,
+    #[command(flatten)]
+    driver: DriverArgs,
+}
+
+/// Run the driver end to end against an embedded in-process cluster.
+#[derive(Parser)]
+#[command(name = "mock-gpu-kubelet-plugin demo")]
+struct DemoCli {
     #[command(flatten)]
     driver: DriverArgs,
 }
@@ -29,15 +39,6 @@ struct DriverArgs {
     num_devices: u32,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Run the driver end to end against an embedded in-process cluster.
-    Demo {
-        #[command(flatten)]
-        driver: DriverArgs,
-    },
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -46,14 +47,16 @@ async fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Demo { driver }) => {
-            mock_gpu::demo::run(&driver.driver_name, driver.num_devices).await?;
-            Ok(())
-        }
-        None => run(cli.plugin, cli.driver).await,
+    // The plugin's own flags include a required --node-name that the demo does not need, so
+    // the demo is parsed as a command of its own.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|arg| arg == "demo") {
+        let demo = DemoCli::parse_from(&args[1..]);
+        mock_gpu::demo::run(&demo.driver.driver_name, demo.driver.num_devices).await?;
+        return Ok(());
     }
+    let cli = Cli::parse_from(args);
+    run(cli.plugin, cli.driver).await
 }
 
 async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {

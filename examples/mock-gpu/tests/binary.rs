@@ -29,7 +29,8 @@ async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
+// Multi-threaded: the fake API server must keep answering while this test waits for the child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     let cluster = TestCluster::start().await.unwrap();
     let kubeconfig = cluster.path().join("kubeconfig");
@@ -63,7 +64,10 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
 
     let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = child.wait().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "exit status {status}");
     assert!(!socket.exists(), "registration socket left behind");
     assert!(
