@@ -340,8 +340,8 @@ pub fn driver_device_class(name: &str, driver_name: &str) -> DeviceClass {
 ///         "apiVersion": "gpu.example.com/v1", "kind": "GpuConfig"
 ///     }))
 ///     .build();
-/// let request = &claim.spec.devices.unwrap().requests.unwrap()[0];
-/// assert_eq!(request.exactly.as_ref().unwrap().count, Some(2));
+/// let claim = serde_json::to_value(claim).unwrap();
+/// assert_eq!(claim["spec"]["devices"]["requests"][0]["exactly"]["count"], 2);
 /// ```
 #[derive(Clone, Debug)]
 pub struct NewClaim {
