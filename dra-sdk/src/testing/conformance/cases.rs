@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::cdi_check::{self, Snapshot};
-use super::session::{REQUEST, Session, TestClaim, get_info};
+use super::session::{REQUEST, Session, TestClaim, api_name, get_info};
 use super::{Case, CaseResult, Verdict};
 use crate::driver::ClaimRef;
 use crate::slices::SliceLimits;
@@ -222,7 +222,11 @@ async fn registration(s: &mut Session) -> CaseResult {
             Err(reason) => fail!("kubelet {} rejects the plugin: {reason}", release(version)),
         }
         match kubelet.register(&s.registration).await {
-            Ok(plugin) => accepted.push(format!("{} uses {:?}", release(version), plugin.api)),
+            Ok(plugin) => accepted.push(format!(
+                "{} uses {}",
+                release(version),
+                api_name(plugin.api)
+            )),
             Err(error) => fail!("kubelet {}: {error}", release(version)),
         }
     }
@@ -293,9 +297,9 @@ async fn api_versions(s: &mut Session) -> CaseResult {
         let again = s.prepare_one_via(other, &claim.reference).await?;
         ensure!(
             normalized(&devices, false) == normalized(&again, false),
-            "a claim prepared through {:?} is answered differently through {:?}: {devices:?} vs {again:?}",
-            this.api,
-            other.api
+            "a claim prepared through {} is answered differently through {}: {devices:?} vs {again:?}",
+            api_name(this.api),
+            api_name(other.api)
         );
         s.unprepare_via(this, std::slice::from_ref(&claim.reference))
             .await?;

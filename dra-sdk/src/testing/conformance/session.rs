@@ -92,6 +92,14 @@ pub(super) fn random_uid() -> String {
     )
 }
 
+/// The API version as the services name it (`v1`, `v1beta1`).
+pub(super) fn api_name(api: DraApi) -> &'static str {
+    match api {
+        DraApi::V1 => "v1",
+        DraApi::V1beta1 => "v1beta1",
+    }
+}
+
 fn fail(message: impl Into<String>) -> Verdict {
     Verdict::Fail(message.into())
 }
@@ -325,10 +333,12 @@ impl Session {
         claims: &[ClaimRef],
     ) -> Result<BTreeMap<String, PrepareOutcome>, Verdict> {
         self.sent.extend(claims.iter().cloned());
-        kubelet
-            .prepare(claims)
-            .await
-            .map_err(|error| fail(format!("NodePrepareResources ({:?}): {error}", kubelet.api)))
+        kubelet.prepare(claims).await.map_err(|error| {
+            fail(format!(
+                "NodePrepareResources ({}): {error}",
+                api_name(kubelet.api)
+            ))
+        })
     }
 
     pub(super) async fn prepare(
@@ -374,8 +384,8 @@ impl Session {
     ) -> Result<(), Verdict> {
         let answer = kubelet.unprepare(claims).await.map_err(|error| {
             fail(format!(
-                "NodeUnprepareResources ({:?}): {error}",
-                kubelet.api
+                "NodeUnprepareResources ({}): {error}",
+                api_name(kubelet.api)
             ))
         })?;
         let failures: Vec<String> = claims
