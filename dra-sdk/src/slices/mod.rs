@@ -97,7 +97,7 @@ mod backoff;
 mod layout;
 mod limits;
 mod model;
-mod names;
+pub(crate) mod names; // name rules, also used by the conformance suite
 mod plan;
 mod publisher;
 mod quantity;

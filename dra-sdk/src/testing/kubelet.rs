@@ -247,6 +247,26 @@ impl KubeletSimulator {
         Ok(found)
     }
 
+    /// Only `GetInfo`, with the kubelet's timeouts, without telling the plugin anything: for
+    /// looking at a plugin that a real kubelet may have registered.
+    pub async fn get_info(&self, socket: &Path) -> Result<reg_pb::PluginInfo, KubeletError> {
+        let channel = dial(socket).await?;
+        let mut client = reg_pb::registration_client::RegistrationClient::new(channel);
+        Ok(with_timeout(
+            "GetInfo",
+            GET_INFO_TIMEOUT,
+            client.get_info(reg_pb::InfoRequest {}),
+        )
+        .await?
+        .into_inner())
+    }
+
+    /// The DRA API version this kubelet would use with a plugin that sent `info`, or why it
+    /// would reject the plugin.
+    pub fn choose_api(&self, info: &reg_pb::PluginInfo) -> Result<DraApi, String> {
+        self.validate(info)
+    }
+
     /// Runs the registration handshake: `GetInfo`, validation, `NotifyRegistrationStatus`.
     pub async fn register(&self, socket: &Path) -> Result<RegisteredPlugin, KubeletError> {
         let channel = dial(socket).await?;

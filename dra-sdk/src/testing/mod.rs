@@ -10,4 +10,5 @@ pub mod allocator;
 pub mod apiserver;
 pub mod claims;
 pub mod cluster;
+pub mod conformance;
 pub mod kubelet;
