@@ -164,7 +164,7 @@ impl From<AuthorityError> for io::Error {
 /// # Ok(())
 /// # }
 /// ```
-pub(crate) struct AuthorityRewriteStream<S> {
+pub struct AuthorityRewriteStream<S> {
     inner: S,
     rewriter: Rewriter,
     scratch: Box<[u8]>,
@@ -173,7 +173,7 @@ pub(crate) struct AuthorityRewriteStream<S> {
 
 impl<S> AuthorityRewriteStream<S> {
     /// Wraps a freshly accepted connection (nothing read from it yet).
-    pub(crate) fn new(inner: S) -> Self {
+    pub fn new(inner: S) -> Self {
         Self {
             inner,
             rewriter: Rewriter::new(),

@@ -15,7 +15,7 @@
 //! service goes away, then stops everything else. ResourceSlices are left in place: the
 //! kubelet wipes them if the plugin stays away, and a restarted plugin finds them unchanged.
 
-mod authority;
+pub mod authority;
 mod client;
 mod dra;
 mod locks;
