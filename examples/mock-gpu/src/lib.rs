@@ -5,7 +5,9 @@
 //! environment variables that describe it, so a pod can prove what it got by printing its env.
 
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
+#[cfg(feature = "demo")]
 pub mod testing;
 
 use dra_sdk::DeviceAttributes;

@@ -5,6 +5,9 @@ use clap::{Args, Parser};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// DRA kubelet plugin for mock GPUs.
 #[derive(Parser)]
@@ -12,19 +15,11 @@ use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
     name = "mock-gpu-kubelet-plugin",
     version,
     about,
-    after_help = "Subcommand:\n  demo    Run the driver end to end against an embedded in-process cluster\n          (`mock-gpu-kubelet-plugin demo --help`)"
+    after_help = "The end-to-end demo is the `mock-gpu-demo` binary:\n  cargo run --release -p mock-gpu --bin mock-gpu-demo"
 )]
 struct Cli {
     #[command(flatten)]
     plugin: PluginArgs,
-    #[command(flatten)]
-    driver: DriverArgs,
-}
-
-/// Run the driver end to end against an embedded in-process cluster.
-#[derive(Parser)]
-#[command(name = "mock-gpu-kubelet-plugin demo")]
-struct DemoCli {
     #[command(flatten)]
     driver: DriverArgs,
 }
@@ -41,21 +36,31 @@ struct DriverArgs {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
+    // `RUST_LOG` as `level` and `target=level` directives. `Targets` rather than `EnvFilter`:
+    // EnvFilter's span and field matching brings a regex engine into the executable, and
+    // every megabyte of code shows up in the plugin's resident memory on every node.
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = match rust_log.parse::<Targets>() {
+        Ok(filter) if !rust_log.trim().is_empty() => filter,
+        Ok(_) => Targets::new().with_default(LevelFilter::INFO),
+        Err(error) => {
+            eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
+            Targets::new().with_default(LevelFilter::INFO)
+        }
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
         .init();
-    // The plugin's own flags include a required --node-name that the demo does not need, so
-    // the demo is parsed as a command of its own.
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args.get(1).is_some_and(|arg| arg == "demo") {
-        let demo = DemoCli::parse_from(&args[1..]);
-        mock_gpu::demo::run(&demo.driver.driver_name, demo.driver.num_devices).await?;
-        return Ok(());
+    // The demo was once a subcommand of this binary; point there instead of failing with an
+    // unexpected-argument error.
+    if std::env::args_os().nth(1).is_some_and(|arg| arg == "demo") {
+        eprintln!(
+            "the demo is its own binary now: cargo run --release -p mock-gpu --bin mock-gpu-demo"
+        );
+        std::process::exit(2);
     }
-    let cli = Cli::parse_from(args);
+    let cli = Cli::parse();
     run(cli.plugin, cli.driver).await
 }
 
