@@ -77,6 +77,9 @@ impl Driver for TestDriver {
     }
 
     async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
+        if claim.claim.name == "panics" {
+            panic!("simulated driver bug");
+        }
         self.enter(&claim.claim.uid);
         self.prepares.fetch_add(1, Ordering::SeqCst);
         if let Some(delay) = self.delay {
@@ -444,6 +447,38 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
     // Only the two good claims reached the driver; failed ones left no spec behind.
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 2);
     assert_eq!(cdi_files(&s.cluster).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_panic_fails_only_its_claim() {
+    let s = setup().await;
+    let good = gpu_claim(&s.cluster, "good", &["gpu-0"]).await;
+    let panics = gpu_claim(&s.cluster, "panics", &["gpu-1"]).await;
+
+    let results = s
+        .kubelet
+        .prepare(&[good.clone(), panics.clone()])
+        .await
+        .unwrap();
+    assert!(results[&good.uid].is_ok(), "{results:?}");
+    let error = results[&panics.uid].as_ref().unwrap_err();
+    assert!(
+        error.contains("the driver panicked: simulated driver bug"),
+        "{error}"
+    );
+
+    // The plugin keeps serving, the good claim is checkpointed (answered without the
+    // driver), and the panicked one unprepares cleanly.
+    let prepares = s.driver.prepares.load(Ordering::SeqCst);
+    let again = s
+        .kubelet
+        .prepare(std::slice::from_ref(&good))
+        .await
+        .unwrap();
+    assert!(again[&good.uid].is_ok());
+    assert_eq!(s.driver.prepares.load(Ordering::SeqCst), prepares);
+    let unprepared = s.kubelet.unprepare(&[good, panics]).await.unwrap();
+    assert!(unprepared.values().all(Result::is_ok), "{unprepared:?}");
 }
 
 #[tokio::test]

@@ -10,9 +10,13 @@
 //! 4. call the driver and write each claim's CDI spec, concurrently;
 //! 5. record `PrepareCompleted` for the claims that succeeded (one write).
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures::FutureExt as _;
 use futures::future::join_all;
 use tracing::Instrument;
 
@@ -22,7 +26,7 @@ use crate::checkpoint::{
 };
 use crate::claims::{self, ClaimReader};
 use crate::config::ConfigRegistry;
-use crate::driver::{Claim, ClaimRef, Driver, PluginEvent, PreparedClaim};
+use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
 use crate::plugin::locks::ClaimLocks;
 
@@ -179,11 +183,7 @@ impl<D: Driver> NodeService<D> {
         claim: &Claim<D::Config>,
     ) -> Result<(Vec<PreparedDeviceRecord>, Option<serde_json::Value>), (&'static str, String)>
     {
-        let prepared = self
-            .driver
-            .prepare(claim)
-            .await
-            .map_err(|error| (error.kind(), error.to_string()))?;
+        let prepared = guarded(self.driver.prepare(claim)).await?;
         check_prepared(claim, &prepared).map_err(|message| ("driver_output", message))?;
 
         let spec_devices = cdi_devices(&prepared);
@@ -317,10 +317,7 @@ impl<D: Driver> NodeService<D> {
             tracing::debug!("claim not prepared on this node; nothing to do");
             return Ok(None);
         };
-        self.driver
-            .unprepare(claim, &record)
-            .await
-            .map_err(|error| (error.kind(), error.to_string()))?;
+        guarded(self.driver.unprepare(claim, &record)).await?;
         self.cdi
             .remove_claim(&claim.uid)
             .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
@@ -343,9 +340,11 @@ impl<D: Driver> NodeService<D> {
                 name: record.name.clone(),
             };
             let span = claim_span("rollback", &self.driver_name, &claim);
-            let outcome = self.driver.rollback(&claim, record).instrument(span).await;
+            let outcome = guarded(self.driver.rollback(&claim, record))
+                .instrument(span)
+                .await;
             match outcome
-                .map_err(|e| e.to_string())
+                .map_err(|(_, message)| message)
                 .and_then(|()| self.cdi.remove_claim(uid).map_err(|e| e.to_string()))
             {
                 Ok(()) => {
@@ -499,4 +498,29 @@ fn device_record(
     record.share_id = share_id;
     record.cdi_device_ids = cdi_device_ids;
     record
+}
+
+/// Awaits a driver call, turning its error, or its panic, into `(metrics kind, message)` for
+/// this claim alone. With `panic = "unwind"` (Cargo's default) a bug hit by one claim must not
+/// fail the rest of the batch or lose their checkpoint records; the claim keeps its
+/// PrepareStarted record, so unprepare or the next start cleans up after it. (Built with
+/// `panic = "abort"`, the process ends instead and the next start does the same.)
+async fn guarded<T>(
+    call: impl Future<Output = Result<T, DriverError>>,
+) -> Result<T, (&'static str, String)> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result.map_err(|error| (error.kind(), error.to_string())),
+        Err(panic) => Err((
+            "panic",
+            format!("the driver panicked: {}", panic_message(panic.as_ref())),
+        )),
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
