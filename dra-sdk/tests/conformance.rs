@@ -6,29 +6,15 @@ use std::path::PathBuf;
 
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
+use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
-use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::conformance::{Case, Conformance, Outcome, Report};
-use serde::Deserialize;
 
-const DRIVER: &str = "gpu.example.com";
+mod driver_common;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct GpuConfig {
-    #[serde(default)]
-    sharing: Option<String>,
-}
-
-impl ConfigHooks for GpuConfig {}
-
-impl OpaqueConfig for GpuConfig {
-    const API_VERSION: &'static str = "gpu.example.com/v1";
-    const KIND: &'static str = "GpuConfig";
-}
+use driver_common::{DRIVER, GpuConfig, gpus, leak_spec, prepare_gpus};
 
 /// A correct driver: one CDI device per GPU, common edits, optional health.
 #[derive(Clone, Default)]
@@ -45,22 +31,7 @@ impl Driver for GoodDriver {
     }
 
     async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
-        let devices = claim
-            .devices
-            .iter()
-            .map(|device| {
-                let sharing = device
-                    .config()
-                    .and_then(|c| c.sharing.clone())
-                    .unwrap_or_else(|| "none".into());
-                let edits = ContainerEdits::new()
-                    .env(format!("GPU_{}", device.device.replace('-', "_")), "1")
-                    .env("SHARING", sharing);
-                PreparedDevice::new(device, edits)
-            })
-            .collect();
-        Ok(PreparedClaim::new(devices)
-            .with_common_edits(ContainerEdits::new().env("DRIVER", DRIVER)))
+        Ok(prepare_gpus(claim))
     }
 
     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
@@ -70,13 +41,6 @@ impl Driver for GoodDriver {
     fn health(&self) -> Option<HealthSource> {
         self.health.clone()
     }
-}
-
-fn gpus(n: usize) -> DriverResources {
-    let devices = (0..n)
-        .map(|i| Device::new(format!("gpu-{i}")).attribute("index", i as i64))
-        .collect();
-    DriverResources::single_pool(NODE_NAME, devices)
 }
 
 fn outcome(report: &Report, case: Case) -> &Outcome {
@@ -121,15 +85,7 @@ impl Driver for LeakyDriver {
     type Config = ();
 
     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
-        let spec = serde_json::json!({
-            "cdiVersion": "0.5.0",
-            "kind": "leaky.example.com/gpu",
-            "devices": [{ "name": claim.claim.uid, "containerEdits": { "env": ["LEAK=1"] } }],
-        });
-        let path = self
-            .cdi_root
-            .join(format!("leaky.example.com-gpu_{}.json", claim.claim.uid));
-        std::fs::write(&path, spec.to_string()).map_err(DriverError::other)?;
+        leak_spec(&self.cdi_root, &claim.claim.uid)?;
         let devices = claim
             .devices
             .iter()

@@ -9,11 +9,12 @@ use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
-use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, RunningPlugin, TestCluster};
 use serde_json::Value;
 
-const DRIVER: &str = "gpu.example.com";
+mod driver_common;
+
+use driver_common::{DRIVER, gpus, leak_spec};
 
 #[derive(Clone, Default)]
 struct EnvDriver {
@@ -28,13 +29,7 @@ impl Driver for EnvDriver {
 
     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
         if let Some(root) = &self.leak_into {
-            let spec = serde_json::json!({
-                "cdiVersion": "0.5.0",
-                "kind": "leaky.example.com/gpu",
-                "devices": [{ "name": claim.claim.uid, "containerEdits": { "env": ["LEAK=1"] } }],
-            });
-            let path = root.join(format!("leaky.example.com-gpu_{}.json", claim.claim.uid));
-            std::fs::write(path, spec.to_string()).map_err(DriverError::other)?;
+            leak_spec(root, &claim.claim.uid)?;
         }
         let devices = claim
             .devices
@@ -51,13 +46,6 @@ impl Driver for EnvDriver {
     fn health(&self) -> Option<HealthSource> {
         self.health.clone()
     }
-}
-
-fn gpus(n: usize) -> DriverResources {
-    let devices = (0..n)
-        .map(|i| Device::new(format!("gpu-{i}")).attribute("index", i as i64))
-        .collect();
-    DriverResources::single_pool(NODE_NAME, devices)
 }
 
 /// A running plugin and a kubeconfig file for its API server.

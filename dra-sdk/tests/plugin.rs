@@ -7,12 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord};
-use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
-use dra_sdk::driver::{
-    Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim, PreparedDevice,
-};
+use dra_sdk::config::ConfigRegistry;
+use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
 use dra_sdk::testing::apiserver::{Fault, Verb};
@@ -24,23 +21,10 @@ use dra_sdk::testing::kubelet::{
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use serde::Deserialize;
 
-const DRIVER: &str = "gpu.example.com";
+mod driver_common;
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct GpuConfig {
-    #[serde(default)]
-    sharing: Option<String>,
-}
-
-impl ConfigHooks for GpuConfig {}
-
-impl OpaqueConfig for GpuConfig {
-    const API_VERSION: &'static str = "gpu.example.com/v1";
-    const KIND: &'static str = "GpuConfig";
-}
+use driver_common::{DRIVER, GpuConfig, prepare_gpus};
 
 /// Records what the SDK asks of it, and checks the SDK's promise that one claim is never
 /// handled twice at once.
@@ -85,24 +69,8 @@ impl Driver for TestDriver {
         if let Some(delay) = self.delay {
             tokio::time::sleep(delay).await;
         }
-        let devices = claim
-            .devices
-            .iter()
-            .map(|device| {
-                let sharing = device
-                    .config()
-                    .and_then(|config| config.sharing.clone())
-                    .unwrap_or_else(|| "none".into());
-                let edits = ContainerEdits::new()
-                    .env(format!("GPU_{}", device.device.replace('-', "_")), "1")
-                    .env("SHARING", sharing);
-                PreparedDevice::new(device, edits)
-            })
-            .collect();
         self.leave(&claim.claim.uid);
-        Ok(PreparedClaim::new(devices)
-            .with_common_edits(ContainerEdits::new().env("DRIVER", DRIVER))
-            .with_driver_state(serde_json::json!({ "note": "hello" })))
+        Ok(prepare_gpus(claim).with_driver_state(serde_json::json!({ "note": "hello" })))
     }
 
     async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {

@@ -1,0 +1,70 @@
+//! What the plugin, conformance and dractl tests share: the driver name, its opaque config,
+//! its GPUs, and what a correct GPU driver prepares.
+
+// Each test crate uses its own subset.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::config::{ConfigHooks, OpaqueConfig};
+use dra_sdk::driver::{Claim, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::slices::{Device, DriverResources};
+use dra_sdk::testing::cluster::NODE_NAME;
+use serde::Deserialize;
+
+pub(crate) const DRIVER: &str = "gpu.example.com";
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GpuConfig {
+    #[serde(default)]
+    pub(crate) sharing: Option<String>,
+}
+
+impl ConfigHooks for GpuConfig {}
+
+impl OpaqueConfig for GpuConfig {
+    const API_VERSION: &'static str = "gpu.example.com/v1";
+    const KIND: &'static str = "GpuConfig";
+}
+
+/// `n` GPUs, `gpu-0` on, each with an `index` attribute, in one pool of [`NODE_NAME`].
+pub(crate) fn gpus(n: usize) -> DriverResources {
+    let devices = (0..n)
+        .map(|i| Device::new(format!("gpu-{i}")).attribute("index", i as i64))
+        .collect();
+    DriverResources::single_pool(NODE_NAME, devices)
+}
+
+/// What a correct GPU driver prepares: per device `GPU_<device>=1` and `SHARING=<the
+/// config's sharing, or none>`; for the whole claim `DRIVER=<driver>`.
+pub(crate) fn prepare_gpus(claim: &Claim<GpuConfig>) -> PreparedClaim {
+    let devices = claim
+        .devices
+        .iter()
+        .map(|device| {
+            let sharing = device
+                .config()
+                .and_then(|config| config.sharing.clone())
+                .unwrap_or_else(|| "none".into());
+            let edits = ContainerEdits::new()
+                .env(format!("GPU_{}", device.device.replace('-', "_")), "1")
+                .env("SHARING", sharing);
+            PreparedDevice::new(device, edits)
+        })
+        .collect();
+    PreparedClaim::new(devices).with_common_edits(ContainerEdits::new().env("DRIVER", DRIVER))
+}
+
+/// Writes a CDI spec of another vendor's kind for the claim into `cdi_root`, which nothing
+/// removes: the leak a broken driver leaves and the conformance suite must report.
+pub(crate) fn leak_spec(cdi_root: &Path, claim_uid: &str) -> Result<(), DriverError> {
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "leaky.example.com/gpu",
+        "devices": [{ "name": claim_uid, "containerEdits": { "env": ["LEAK=1"] } }],
+    });
+    let path = cdi_root.join(format!("leaky.example.com-gpu_{claim_uid}.json"));
+    std::fs::write(path, spec.to_string()).map_err(DriverError::other)
+}
