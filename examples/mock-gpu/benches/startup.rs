@@ -6,6 +6,8 @@
 //! The figures in docs/benchmarks.md are of the binary we ship, built with the size-optimised
 //! `dist` profile, named in `MOCK_GPU_PLUGIN`:
 //!
+//! `MOCK_GPU_IDLE_SECS` sets how long it idles before its memory is read (default 2).
+//!
 //! ```sh
 //! cargo build --profile dist -p mock-gpu --no-default-features --bin mock-gpu-kubelet-plugin
 //! MOCK_GPU_PLUGIN=target/dist/mock-gpu-kubelet-plugin cargo bench -p mock-gpu --bench startup
@@ -74,7 +76,17 @@ async fn main() {
         || PathBuf::from(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")),
         |path| workspace.join(path),
     );
-    println!("plugin: {}", binary.display());
+    // How long the plugin idles before its memory is read: 2 s, or MOCK_GPU_IDLE_SECS.
+    let idle = Duration::from_secs(
+        std::env::var("MOCK_GPU_IDLE_SECS")
+            .ok()
+            .and_then(|secs| secs.parse().ok())
+            .unwrap_or(2),
+    );
+    println!(
+        "plugin: {}, idle {idle:?} before reading its memory",
+        binary.display()
+    );
     for _ in 0..5 {
         let cluster = TestCluster::start().await.expect("cluster");
         let kubeconfig = cluster.path().join("kubeconfig");
@@ -99,7 +111,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         startups.push(started.elapsed());
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(idle).await;
         rss.push(rss_kib(child.id()).unwrap_or_default());
         mappings = rss_by_mapping(child.id());
         let _ = child.kill();
