@@ -1,0 +1,168 @@
+//! The manifests users apply in kind (`deploy/`, `demo/`): every object decodes into its
+//! Kubernetes API type without losing a field (so no misspelled or misplaced field), the
+//! opaque configs decode strictly into the driver's config, the kustomization lists files that
+//! exist, and the DaemonSet's environment names flags the plugin binary has.
+
+use std::path::{Path, PathBuf};
+
+use dra_sdk::driver::Driver;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use mock_gpu::MockGpuDriver;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+fn package_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every YAML document of `file`, as JSON.
+fn documents(file: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(file).unwrap();
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|error| panic!("{}: {error}", file.display()))
+}
+
+/// Paths in `original` that `typed` lacks or holds differently.
+fn differences(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
+    match (original, typed) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                match b.get(key) {
+                    Some(other) => differences(value, other, &format!("{path}.{key}"), out),
+                    None => out.push(format!("{path}.{key}: not a field of the type")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (index, (x, y)) in a.iter().zip(b).enumerate() {
+                differences(x, y, &format!("{path}[{index}]"), out);
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => out.push(format!("{path}: {a} became {b}")),
+    }
+}
+
+fn round_trip<K: DeserializeOwned + Serialize>(document: &Value) -> Vec<String> {
+    let typed: K = match serde_json::from_value(document.clone()) {
+        Ok(typed) => typed,
+        Err(error) => return vec![error.to_string()],
+    };
+    let mut out = Vec::new();
+    differences(
+        document,
+        &serde_json::to_value(typed).unwrap(),
+        "",
+        &mut out,
+    );
+    out
+}
+
+fn check(document: &Value) -> Vec<String> {
+    let api_version = document["apiVersion"].as_str().unwrap_or_default();
+    let kind = document["kind"].as_str().unwrap_or_default();
+    match (api_version, kind) {
+        ("v1", "Namespace") => round_trip::<Namespace>(document),
+        ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(document),
+        ("v1", "Pod") => round_trip::<Pod>(document),
+        ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            round_trip::<ClusterRoleBinding>(document)
+        }
+        ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(document),
+        ("resource.k8s.io/v1", "ResourceClaim") => round_trip::<ResourceClaim>(document),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => {
+            round_trip::<ResourceClaimTemplate>(document)
+        }
+        other => vec![format!("no check for {other:?}; add one")],
+    }
+}
+
+#[test]
+fn manifests_are_valid_objects_of_their_kinds() {
+    let mut problems = Vec::new();
+    let mut seen = 0;
+    for dir in ["deploy", "demo"] {
+        for entry in std::fs::read_dir(package_dir().join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path
+                .file_name()
+                .is_some_and(|name| name == "kustomization.yaml")
+            {
+                continue;
+            }
+            for document in documents(&path) {
+                seen += 1;
+                let name = format!(
+                    "{} {} {}",
+                    path.display(),
+                    document["kind"],
+                    document["metadata"]["name"]
+                );
+                problems.extend(check(&document).into_iter().map(|p| format!("{name}: {p}")));
+            }
+        }
+    }
+    assert!(seen >= 10, "only {seen} objects found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn opaque_configs_decode_strictly() {
+    let registry = MockGpuDriver::new("gpu.example.com", "node", 1).config_registry();
+    let mut configs = 0;
+    for document in documents(&package_dir().join("demo/gpu-test.yaml")) {
+        let spec = match document["kind"].as_str() {
+            Some("ResourceClaim") => &document["spec"],
+            Some("ResourceClaimTemplate") => &document["spec"]["spec"],
+            _ => continue,
+        };
+        for config in spec["devices"]["config"].as_array().into_iter().flatten() {
+            configs += 1;
+            if let Err(error) = registry.decode(&config["opaque"]["parameters"]) {
+                panic!("{}: {error}", document["metadata"]["name"]);
+            }
+        }
+    }
+    assert!(configs > 0);
+}
+
+#[test]
+fn kustomization_lists_existing_files() {
+    let deploy = package_dir().join("deploy");
+    let kustomization = &documents(&deploy.join("kustomization.yaml"))[0];
+    let resources = kustomization["resources"].as_array().unwrap();
+    assert!(!resources.is_empty());
+    for resource in resources {
+        let file = deploy.join(resource.as_str().unwrap());
+        assert!(file.is_file(), "{} does not exist", file.display());
+    }
+}
+
+#[test]
+fn daemonset_env_names_flags_of_the_plugin() {
+    let daemonset = &documents(&package_dir().join("deploy/daemonset.yaml"))[0];
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let env = daemonset["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    for variable in env {
+        let name = variable["name"].as_str().unwrap();
+        if name == "RUST_LOG" {
+            continue;
+        }
+        assert!(
+            help.contains(&format!("[env: {name}=")),
+            "{name} is not a flag's variable:\n{help}"
+        );
+    }
+}
