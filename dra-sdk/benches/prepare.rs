@@ -8,36 +8,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use tokio::runtime::Runtime;
 
-const DRIVER: &str = "gpu.example.com";
+// The tests' correct driver, shared so the bench measures the same thing they check.
+#[path = "../tests/driver_common/mod.rs"]
+mod driver_common;
 
-struct BenchDriver;
-
-#[async_trait::async_trait]
-impl Driver for BenchDriver {
-    type Config = ();
-
-    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
-        let devices = claim
-            .devices
-            .iter()
-            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device)))
-            .collect();
-        Ok(PreparedClaim::new(devices))
-    }
-
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
+use driver_common::{DRIVER, EnvDriver};
 
 struct Bench {
     cluster: TestCluster,
@@ -50,7 +32,7 @@ impl Bench {
     async fn start() -> Self {
         let cluster = TestCluster::start().await.expect("cluster");
         let plugin = cluster
-            .plugin(BenchDriver, DRIVER)
+            .plugin(EnvDriver::default(), DRIVER)
             .start()
             .await
             .expect("plugin");

@@ -2,19 +2,16 @@
 //! in process and as a remote target; broken drivers and plugins fail the case that covers
 //! their defect, and the report names it.
 
-use std::path::PathBuf;
-
-use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::ConfigRegistry;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::conformance::{Case, Conformance, Outcome, Report};
 
 mod driver_common;
 
-use driver_common::{DRIVER, GpuConfig, gpus, leak_spec, prepare_gpus};
+use driver_common::{DRIVER, EnvDriver, GpuConfig, gpus, prepare_gpus};
 
 /// A correct driver: one CDI device per GPU, common edits, optional health.
 #[derive(Clone, Default)]
@@ -75,35 +72,12 @@ async fn a_correct_driver_passes_every_case_in_process() {
     assert_eq!(report.target, "in-process");
 }
 
-/// Writes an extra CDI spec per claim that it never removes.
-struct LeakyDriver {
-    cdi_root: PathBuf,
-}
-
-#[async_trait::async_trait]
-impl Driver for LeakyDriver {
-    type Config = ();
-
-    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
-        leak_spec(&self.cdi_root, &claim.claim.uid)?;
-        let devices = claim
-            .devices
-            .iter()
-            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device)))
-            .collect();
-        Ok(PreparedClaim::new(devices))
-    }
-
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_driver_leaving_cdi_specs_behind_fails_the_cdi_case() {
     let report = Conformance::in_process_with(|cluster| {
-        let driver = LeakyDriver {
-            cdi_root: cluster.cdi_root(),
+        let driver = EnvDriver {
+            leak_into: Some(cluster.cdi_root()),
+            ..EnvDriver::default()
         };
         cluster.plugin(driver, DRIVER).resources(gpus(4))
     })

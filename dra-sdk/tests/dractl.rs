@@ -5,48 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
+use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
 use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, RunningPlugin, TestCluster};
 use serde_json::Value;
 
 mod driver_common;
 
-use driver_common::{DRIVER, gpus, leak_spec};
-
-#[derive(Clone, Default)]
-struct EnvDriver {
-    health: Option<HealthSource>,
-    /// Writes a spec file per claim that it never removes.
-    leak_into: Option<PathBuf>,
-}
-
-#[async_trait::async_trait]
-impl Driver for EnvDriver {
-    type Config = ();
-
-    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
-        if let Some(root) = &self.leak_into {
-            leak_spec(root, &claim.claim.uid)?;
-        }
-        let devices = claim
-            .devices
-            .iter()
-            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device)))
-            .collect();
-        Ok(PreparedClaim::new(devices))
-    }
-
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn health(&self) -> Option<HealthSource> {
-        self.health.clone()
-    }
-}
+use driver_common::{DRIVER, EnvDriver, gpus};
 
 /// A running plugin and a kubeconfig file for its API server.
 struct Setup {

@@ -4,11 +4,13 @@
 // Each test crate uses its own subset.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::{ConfigHooks, OpaqueConfig};
-use dra_sdk::driver::{Claim, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::health::HealthSource;
 use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk::testing::cluster::NODE_NAME;
 use serde::Deserialize;
@@ -67,4 +69,38 @@ pub(crate) fn leak_spec(cdi_root: &Path, claim_uid: &str) -> Result<(), DriverEr
     });
     let path = cdi_root.join(format!("leaky.example.com-gpu_{claim_uid}.json"));
     std::fs::write(path, spec.to_string()).map_err(DriverError::other)
+}
+
+/// A correct driver with no config: `GPU=<device>` per device; optionally reports health
+/// or leaks a CDI spec per claim (see [`leak_spec`]).
+#[derive(Clone, Default)]
+pub(crate) struct EnvDriver {
+    pub(crate) health: Option<HealthSource>,
+    /// Writes a spec file per claim that it never removes.
+    pub(crate) leak_into: Option<PathBuf>,
+}
+
+#[async_trait::async_trait]
+impl Driver for EnvDriver {
+    type Config = ();
+
+    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+        if let Some(root) = &self.leak_into {
+            leak_spec(root, &claim.claim.uid)?;
+        }
+        let devices = claim
+            .devices
+            .iter()
+            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device)))
+            .collect();
+        Ok(PreparedClaim::new(devices))
+    }
+
+    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+        Ok(())
+    }
+
+    fn health(&self) -> Option<HealthSource> {
+        self.health.clone()
+    }
 }

@@ -200,7 +200,7 @@ impl Stage {
         self.dir.path().join("cdi")
     }
 
-    fn where_(&self) -> &'static str {
+    fn location(&self) -> &'static str {
         if self.embedded.is_some() {
             "the embedded cluster"
         } else {
@@ -275,6 +275,10 @@ pub async fn run(options: DemoOptions) -> Result<String> {
         anyhow::Ok(())
     }
     .await;
+    if let (Err(_), Err(error)) = (&outcome, &cleanup) {
+        // The step's error is the one returned; the cleanup's must not vanish with it.
+        tracing::error!("cleaning up after the failed demo: {error:#}");
+    }
     outcome?;
     cleanup?;
     print!("{out}");
@@ -299,7 +303,7 @@ async fn drive(
         out,
         "plugin {driver_name} on node {} of {} registered with a simulated kubelet 1.36 (API {:?})",
         stage.node,
-        stage.where_(),
+        stage.location(),
         kubelet.api
     )?;
 
