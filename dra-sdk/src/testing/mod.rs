@@ -1,6 +1,7 @@
 //! Test doubles for driver authors: a fake API server, a kubelet simulator, claim builders, an
 //! allocator that does what the scheduler does, and an embedded test cluster that ties them
-//! together.
+//! together; and [`e2e`], a harness that runs real Kubernetes components (API server,
+//! scheduler, controller manager, kubelet) for end-to-end tests.
 //!
 //! Everything here talks over real sockets: the fake API server serves HTTP on loopback and the
 //! kubelet simulator dials the plugin's Unix sockets, so a driver tested with them is tested
@@ -11,4 +12,5 @@ pub mod apiserver;
 pub mod claims;
 pub mod cluster;
 pub mod conformance;
+pub mod e2e;
 pub mod kubelet;

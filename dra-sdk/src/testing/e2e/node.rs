@@ -1,0 +1,409 @@
+//! A node of the test cluster: a kubelet and its CRI double, with their folders and logs.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+
+use super::cluster::{RealCluster, http_get_ok};
+use super::cri::CriLog;
+use super::pki::Usage;
+use super::process::ManagedProcess;
+use super::{E2eError, io_error};
+
+/// Ports of one kubelet.
+pub(crate) struct NodePorts {
+    pub(crate) kubelet: u16,
+    pub(crate) healthz: u16,
+}
+
+/// The processes of a node.
+#[derive(Default)]
+struct NodeProcesses {
+    fakecri: Option<ManagedProcess>,
+    kubelet: Option<ManagedProcess>,
+}
+
+/// One node: a real kubelet with the `fakecri` runtime double.
+pub struct KubeletNode {
+    name: String,
+    root: PathBuf,
+    healthz_port: u16,
+    processes: Mutex<NodeProcesses>,
+}
+
+impl std::fmt::Debug for KubeletNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletNode")
+            .field("name", &self.name)
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A registration of a DRA plugin, as the kubelet logged it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Registration {
+    /// The driver name.
+    pub driver: String,
+    /// The DRA socket the kubelet will call.
+    pub endpoint: String,
+    /// The gRPC service the kubelet chose, e.g. `v1.DRAPlugin`.
+    pub chosen_service: String,
+}
+
+impl KubeletNode {
+    pub(crate) fn launch(
+        cluster: &RealCluster,
+        name: &str,
+        ports: NodePorts,
+        gates: &[(String, bool)],
+    ) -> Result<Self, E2eError> {
+        let root = cluster.path().join("nodes").join(name);
+        let node = Self {
+            name: name.to_owned(),
+            root,
+            healthz_port: ports.healthz,
+            processes: Mutex::new(NodeProcesses::default()),
+        };
+        for dir in [
+            node.kubelet_dir(),
+            node.registrar_dir(),
+            node.plugins_dir(),
+            node.cdi_root(),
+            node.root.join("pod-logs"),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .map_err(io_error(format!("creating {}", dir.display())))?;
+        }
+        let authority = cluster.authority();
+        let client = authority.issue(
+            &format!("kubelet-{name}"),
+            &format!("system:node:{name}"),
+            Some("system:nodes"),
+            Usage::Client,
+        )?;
+        let serving = authority.issue(
+            &format!("kubelet-serving-{name}"),
+            name,
+            None,
+            Usage::Serving(&["127.0.0.1", "localhost", name]),
+        )?;
+        let kubeconfig = node.root.join("kubelet.kubeconfig");
+        authority.kubeconfig(&kubeconfig, cluster.server(), name, &client)?;
+        let config = node.root.join("kubelet-config.yaml");
+        let gates: String = gates
+            .iter()
+            .map(|(gate, on)| format!("  {gate}: {on}\n"))
+            .collect();
+        let socket = node.cri_socket();
+        let text = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization: {{mode: Webhook}}
+containerRuntimeEndpoint: unix://{socket}
+imageServiceEndpoint: unix://{socket}
+podLogsDir: {logs}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+localStorageCapacityIsolation: false
+protectKernelDefaults: false
+makeIPTablesUtilChains: false
+evictionHard: {{}}
+evictionPressureTransitionPeriod: 0s
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+clusterDomain: cluster.local
+clusterDNS: [10.0.0.10]
+resolvConf: \"\"
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 10s
+syncFrequency: 10s
+fileCheckFrequency: 20s
+featureGates:
+{gates}",
+            port = ports.kubelet,
+            healthz = ports.healthz,
+            cert = serving.cert.display(),
+            key = serving.key.display(),
+            ca = authority.ca_cert().display(),
+            socket = socket.display(),
+            logs = node.root.join("pod-logs").display(),
+        );
+        std::fs::write(&config, text).map_err(io_error(format!("writing {}", config.display())))?;
+
+        let fakecri = cluster.spawn(
+            &format!("fakecri-{name}"),
+            "fakecri",
+            &[
+                "--listen".into(),
+                socket.display().to_string(),
+                "--log".into(),
+                node.cri_log_path().display().to_string(),
+            ],
+        )?;
+        node.lock().fakecri = Some(fakecri);
+        let args = vec![
+            format!("--config={}", config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--root-dir={}", node.kubelet_dir().display()),
+            format!("--cert-dir={}", node.root.join("kubelet-pki").display()),
+            format!("--hostname-override={name}"),
+            "--node-ip=127.0.0.1".into(),
+            "--v=2".into(),
+            "--vmodule=dra_plugin_manager=4,dra_plugin=4,registration=4".into(),
+        ];
+        // The kubelet dials the CRI socket at start: wait for it.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let kubelet = cluster.spawn(&format!("kubelet-{name}"), "kubelet", &args)?;
+        node.lock().kubelet = Some(kubelet);
+        Ok(node)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, NodeProcesses> {
+        self.processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The node's name (also the kubelet's `--hostname-override`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's folder.
+    pub fn root_dir(&self) -> &Path {
+        &self.root
+    }
+
+    /// The kubelet's `--root-dir`.
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.root.join("kubelet")
+    }
+
+    /// The kubelet's plugin registry directory (`<root-dir>/plugins_registry`).
+    pub fn registrar_dir(&self) -> PathBuf {
+        self.kubelet_dir().join("plugins_registry")
+    }
+
+    /// The kubelet's plugins directory (`<root-dir>/plugins`).
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.kubelet_dir().join("plugins")
+    }
+
+    /// A CDI spec directory for the node's plugins. Nothing reads it but the tests: the CRI
+    /// double receives CDI names, it does not resolve them.
+    pub fn cdi_root(&self) -> PathBuf {
+        self.root.join("cdi")
+    }
+
+    fn cri_socket(&self) -> PathBuf {
+        self.root.join("cri.sock")
+    }
+
+    fn cri_log_path(&self) -> PathBuf {
+        self.root.join("cri.jsonl")
+    }
+
+    /// What the CRI double was asked to do on this node.
+    pub fn cri_log(&self) -> CriLog {
+        CriLog::new(self.cri_log_path())
+    }
+
+    /// The kubelet's log file.
+    pub fn kubelet_log_path(&self) -> Option<PathBuf> {
+        self.lock()
+            .kubelet
+            .as_ref()
+            .map(|process| process.log_path().to_owned())
+    }
+
+    /// Every DRA plugin registration the kubelet logged for `driver`, oldest first (a
+    /// restarted kubelet or plugin registers again).
+    pub fn registrations(&self, driver: &str) -> Vec<Registration> {
+        let Some(path) = self.kubelet_log_path() else {
+            return Vec::new();
+        };
+        let Ok(log) = std::fs::read_to_string(path) else {
+            return Vec::new();
+        };
+        log.lines()
+            .filter(|line| line.contains("\"Registered DRA plugin\""))
+            .filter_map(|line| {
+                Some(Registration {
+                    driver: log_value(line, "driverName")?,
+                    endpoint: log_value(line, "endpoint")?,
+                    chosen_service: log_value(line, "chosenService")?,
+                })
+            })
+            .filter(|registration| registration.driver == driver)
+            .collect()
+    }
+
+    /// Waits until the kubelet has logged more than `seen` registrations of `driver`, and
+    /// returns the newest.
+    pub async fn wait_for_registration(
+        &self,
+        driver: &str,
+        seen: usize,
+        timeout: Duration,
+    ) -> Result<Registration, E2eError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let registrations = self.registrations(driver);
+            if registrations.len() > seen
+                && let Some(last) = registrations.into_iter().last()
+            {
+                return Ok(last);
+            }
+            if Instant::now() > deadline {
+                return Err(E2eError::Timeout {
+                    what: format!(
+                        "registration #{} of {driver} by the kubelet of {}",
+                        seen + 1,
+                        self.name
+                    ),
+                    timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) async fn wait_ready(
+        &self,
+        _cluster: &RealCluster,
+        client: &kube::Client,
+        timeout: Duration,
+    ) -> Result<(), E2eError> {
+        let nodes = Api::<Node>::all(client.clone());
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(node)) = nodes.get_opt(&self.name).await
+                && node_ready(&node)
+            {
+                return Ok(());
+            }
+            self.check_running(timeout, deadline, "Node Ready")?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Fails when the kubelet or the CRI double exited, or the deadline passed.
+    fn check_running(
+        &self,
+        timeout: Duration,
+        deadline: Instant,
+        waiting_for: &str,
+    ) -> Result<(), E2eError> {
+        let mut processes = self.lock();
+        let NodeProcesses { fakecri, kubelet } = &mut *processes;
+        for process in [fakecri.as_mut(), kubelet.as_mut()].into_iter().flatten() {
+            if let Some(status) = process.exited() {
+                return Err(E2eError::Exited {
+                    component: process.name().to_owned(),
+                    status,
+                    log: process.log_path().to_owned(),
+                    tail: process.log_tail(15),
+                });
+            }
+        }
+        if Instant::now() > deadline
+            && let Some(kubelet) = kubelet.as_ref()
+        {
+            return Err(E2eError::NotReady {
+                component: kubelet.name().to_owned(),
+                waiting_for: waiting_for.to_owned(),
+                timeout,
+                log: kubelet.log_path().to_owned(),
+                tail: kubelet.log_tail(15),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn restart_kubelet(&self, cluster: &RealCluster) -> Result<(), E2eError> {
+        {
+            let mut processes = self.lock();
+            if let Some(kubelet) = processes.kubelet.as_mut() {
+                kubelet
+                    .restart(cluster.spawner())
+                    .map_err(io_error(format!("restarting the kubelet of {}", self.name)))?;
+            }
+        }
+        let timeout = Duration::from_secs(60);
+        let deadline = Instant::now() + timeout;
+        let healthz =
+            std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, self.healthz_port));
+        while !http_get_ok(healthz, "/healthz").await {
+            self.check_running(timeout, deadline, "GET /healthz")?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops the kubelet, then the CRI double.
+    pub(crate) fn stop(&self) {
+        let mut processes = self.lock();
+        processes.kubelet.take();
+        processes.fakecri.take();
+    }
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// The value of `key="value"` in a klog structured line.
+fn log_value(line: &str, key: &str) -> Option<String> {
+    let start = line.find(&format!(" {key}=\""))? + key.len() + 3;
+    let rest = &line[start..];
+    let end = rest.find('"')?;
+    Some(rest[..end].to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_klog_values() {
+        let line = r#"I1125 02:55:40.336577    4817 dra_plugin_manager.go:418] "Registered DRA plugin" logger="DRA registration handler" driverName="test-driver.cdi.k8s.io" endpoint="/tmp/rk/kubelet/plugins/test-driver.cdi.k8s.io/dra.sock" chosenService="v1.DRAPlugin" numPlugins=1"#;
+        assert_eq!(
+            log_value(line, "driverName").as_deref(),
+            Some("test-driver.cdi.k8s.io")
+        );
+        assert_eq!(
+            log_value(line, "chosenService").as_deref(),
+            Some("v1.DRAPlugin")
+        );
+        assert_eq!(log_value(line, "missing"), None);
+    }
+}
