@@ -2,43 +2,13 @@
 //! in process and as a remote target; broken drivers and plugins fail the case that covers
 //! their defect, and the report names it.
 
-use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::config::ConfigRegistry;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
+use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::conformance::{Case, Conformance, Outcome, Report};
 
 mod driver_common;
 
-use driver_common::{DRIVER, EnvDriver, GpuConfig, gpus, prepare_gpus};
-
-/// A correct driver: one CDI device per GPU, common edits, optional health.
-#[derive(Clone, Default)]
-struct GoodDriver {
-    health: Option<HealthSource>,
-}
-
-#[async_trait::async_trait]
-impl Driver for GoodDriver {
-    type Config = GpuConfig;
-
-    fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
-        ConfigRegistry::new().register::<GpuConfig>()
-    }
-
-    async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
-        Ok(prepare_gpus(claim))
-    }
-
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
-        Ok(())
-    }
-
-    fn health(&self) -> Option<HealthSource> {
-        self.health.clone()
-    }
-}
+use driver_common::{DRIVER, EnvDriver, GpuDriver, gpus};
 
 fn outcome(report: &Report, case: Case) -> &Outcome {
     &report
@@ -55,7 +25,7 @@ async fn a_correct_driver_passes_every_case_in_process() {
             .map(|i| DeviceHealth::new(NODE_NAME, format!("gpu-{i}"), HealthStatus::Healthy))
             .collect(),
     );
-    let driver = GoodDriver {
+    let driver = GpuDriver {
         health: Some(source),
     };
     let report = Conformance::in_process(DRIVER, gpus(4), move || driver.clone())
@@ -104,7 +74,7 @@ async fn a_driver_leaving_cdi_specs_behind_fails_the_cdi_case() {
 
 #[tokio::test]
 async fn a_running_plugin_passes_as_a_remote_target() {
-    let running = TestCluster::start_with(GoodDriver::default(), DRIVER, gpus(4))
+    let running = TestCluster::start_with(GpuDriver::default(), DRIVER, gpus(4))
         .await
         .unwrap();
     let cluster = running.cluster();
@@ -150,7 +120,7 @@ async fn a_running_plugin_passes_as_a_remote_target() {
 
 #[tokio::test]
 async fn without_api_access_the_claim_cases_are_skipped_with_the_reason() {
-    let running = TestCluster::start_with(GoodDriver::default(), DRIVER, gpus(2))
+    let running = TestCluster::start_with(GpuDriver::default(), DRIVER, gpus(2))
         .await
         .unwrap();
     let report = Conformance::remote(&running.plugin().socket_paths().registration)
@@ -204,7 +174,7 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         .unwrap();
     let cluster = TestCluster::start_on(api).unwrap();
     let plugin = cluster
-        .plugin(GoodDriver::default(), DRIVER)
+        .plugin(GpuDriver::default(), DRIVER)
         .resources(gpus(2))
         .start()
         .await

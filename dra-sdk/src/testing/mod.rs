@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod apiserver;
+mod cdi_check;
 pub mod claims;
 pub mod cluster;
 pub mod conformance;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::config::{ConfigHooks, OpaqueConfig};
+use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::health::HealthSource;
 use dra_sdk::slices::{Device, DriverResources};
@@ -33,10 +33,43 @@ impl OpaqueConfig for GpuConfig {
 
 /// `n` GPUs, `gpu-0` on, each with an `index` attribute, in one pool of [`NODE_NAME`].
 pub(crate) fn gpus(n: usize) -> DriverResources {
+    gpus_on(NODE_NAME, n)
+}
+
+/// `n` GPUs like [`gpus`], in one pool of `node`.
+pub(crate) fn gpus_on(node: &str, n: usize) -> DriverResources {
     let devices = (0..n)
         .map(|i| Device::new(format!("gpu-{i}")).attribute("index", i as i64))
         .collect();
-    DriverResources::single_pool(NODE_NAME, devices)
+    DriverResources::single_pool(node, devices)
+}
+
+/// A correct driver with the [`GpuConfig`]: prepares what [`prepare_gpus`] says; optional
+/// health.
+#[derive(Clone, Default)]
+pub(crate) struct GpuDriver {
+    pub(crate) health: Option<HealthSource>,
+}
+
+#[async_trait::async_trait]
+impl Driver for GpuDriver {
+    type Config = GpuConfig;
+
+    fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
+        ConfigRegistry::new().register::<GpuConfig>()
+    }
+
+    async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
+        Ok(prepare_gpus(claim))
+    }
+
+    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+        Ok(())
+    }
+
+    fn health(&self) -> Option<HealthSource> {
+        self.health.clone()
+    }
 }
 
 /// What a correct GPU driver prepares: per device `GPU_<device>=1` and `SHARING=<the

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::cdi_check::{self, Snapshot};
 use super::session::{REQUEST, Session, TestClaim, api_name, get_info};
 use super::{Case, CaseResult, Verdict};
 use crate::driver::ClaimRef;
 use crate::slices::SliceLimits;
+use crate::testing::cdi_check::{self, Snapshot};
 use crate::testing::kubelet::{
     DraApi, GET_INFO_TIMEOUT, KubeletDevice, KubeletError, KubeletSimulator, KubeletVersion,
 };

@@ -57,7 +57,6 @@
 //! See `docs/conformance.md` for what each case proves.
 
 mod cases;
-mod cdi_check;
 mod report;
 mod session;
 pub mod slices;

@@ -63,6 +63,8 @@ fn millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S:
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Report {
+    /// Which suite ran: `conformance` or `e2e`.
+    pub suite: &'static str,
     /// The driver name the plugin registered.
     pub driver: String,
     /// What was tested: `in-process` or the registration socket.
@@ -102,7 +104,7 @@ impl Report {
         if self.passed() {
             return;
         }
-        let mut message = String::from("conformance failures:\n");
+        let mut message = format!("{} failures:\n", self.suite);
         for case in self.failures() {
             if let Outcome::Failed(why) = &case.outcome {
                 message.push_str(&format!("  {}: {why}\n", case.name));
@@ -116,6 +118,7 @@ impl Report {
     /// An empty report, for building one by hand (tests of report consumers).
     pub fn new(driver: impl Into<String>, target: impl Into<String>) -> Self {
         Self {
+            suite: "conformance",
             driver: driver.into(),
             target: target.into(),
             cases: Vec::new(),
@@ -148,7 +151,7 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "conformance of {} ({})", self.driver, self.target)?;
+        writeln!(f, "{} of {} ({})", self.suite, self.driver, self.target)?;
         let width = self
             .cases
             .iter()

@@ -710,6 +710,34 @@ impl RealCluster {
         })
     }
 
+    /// The process IDs of the running components, by component name.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        let mut pids = Vec::new();
+        {
+            let control_plane = self
+                .control_plane
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for process in [
+                &control_plane.etcd,
+                &control_plane.apiserver,
+                &control_plane.controller_manager,
+                &control_plane.scheduler,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if let Some(pid) = process.pid() {
+                    pids.push((process.name().to_owned(), pid));
+                }
+            }
+        }
+        for node in &self.nodes {
+            pids.extend(node.pids());
+        }
+        pids
+    }
+
     /// A one-line summary of where things are, for test output.
     pub fn describe(&self) -> String {
         let mut text = format!("cluster {} in {}", self.server, self.dir.path.display());

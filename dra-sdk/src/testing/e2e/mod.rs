@@ -62,6 +62,8 @@ mod cri;
 mod node;
 mod pki;
 mod process;
+pub mod suite;
+pub mod workload;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

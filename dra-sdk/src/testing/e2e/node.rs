@@ -362,6 +362,15 @@ featureGates:
         Ok(())
     }
 
+    pub(crate) fn pids(&self) -> Vec<(String, u32)> {
+        let processes = self.lock();
+        [&processes.fakecri, &processes.kubelet]
+            .into_iter()
+            .flatten()
+            .filter_map(|process| Some((process.name().to_owned(), process.pid()?)))
+            .collect()
+    }
+
     /// Stops the kubelet, then the CRI double.
     pub(crate) fn stop(&self) {
         let mut processes = self.lock();

@@ -8,7 +8,7 @@ use crate::cdi::{QualifiedName, Spec};
 
 /// The spec files of a CDI root and their contents at one moment.
 #[derive(Debug, Default)]
-pub(super) struct Snapshot {
+pub(crate) struct Snapshot {
     files: BTreeMap<PathBuf, Vec<u8>>,
 }
 
@@ -24,7 +24,7 @@ fn is_spec_file(path: &Path) -> bool {
 
 impl Snapshot {
     /// Reads every spec file of `root`. A file that disappears while being read is skipped.
-    pub(super) fn take(root: &Path) -> Result<Self, String> {
+    pub(crate) fn take(root: &Path) -> Result<Self, String> {
         let entries = std::fs::read_dir(root)
             .map_err(|error| format!("reading the CDI root {}: {error}", root.display()))?;
         let mut files = BTreeMap::new();
@@ -47,7 +47,7 @@ impl Snapshot {
     }
 
     /// Files that are new or changed compared to `before`.
-    pub(super) fn changed_since(&self, before: &Snapshot) -> BTreeSet<PathBuf> {
+    pub(crate) fn changed_since(&self, before: &Snapshot) -> BTreeSet<PathBuf> {
         self.files
             .iter()
             .filter(|(path, bytes)| before.files.get(*path) != Some(*bytes))
@@ -56,13 +56,13 @@ impl Snapshot {
     }
 
     /// Whether `path` is among the files.
-    pub(super) fn contains(&self, path: &Path) -> bool {
+    pub(crate) fn contains(&self, path: &Path) -> bool {
         self.files.contains_key(path)
     }
 
     /// Parses and validates the given files of the snapshot; returns one message per file that
     /// fails, naming the file.
-    pub(super) fn invalid_among(&self, paths: &BTreeSet<PathBuf>) -> Vec<String> {
+    pub(crate) fn invalid_among(&self, paths: &BTreeSet<PathBuf>) -> Vec<String> {
         paths
             .iter()
             .filter_map(|path| {
@@ -83,7 +83,7 @@ impl Snapshot {
 
     /// For each CDI ID, the files that define it (several files make it unresolvable for
     /// runtimes). Malformed IDs map to an error.
-    pub(super) fn resolve<'a>(
+    pub(crate) fn resolve<'a>(
         &self,
         ids: impl IntoIterator<Item = &'a String>,
     ) -> BTreeMap<String, Result<Vec<PathBuf>, String>> {
@@ -109,7 +109,7 @@ impl Snapshot {
     }
 
     /// The qualified names of every device the given file defines (empty if it does not parse).
-    pub(super) fn devices_of(&self, path: &Path) -> BTreeSet<String> {
+    pub(crate) fn devices_of(&self, path: &Path) -> BTreeSet<String> {
         self.files
             .get(path)
             .and_then(|bytes| Spec::parse(bytes).ok())
@@ -125,7 +125,7 @@ impl Snapshot {
 
 /// Problems with how `ids` resolve in `snapshot`: every ID must be defined by exactly one
 /// valid spec file.
-pub(super) fn unresolved(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<String> {
+pub(crate) fn unresolved(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<String> {
     snapshot
         .resolve(ids)
         .into_iter()
@@ -145,7 +145,7 @@ pub(super) fn unresolved(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<Str
 }
 
 /// IDs among `ids` that some spec file of `snapshot` still defines.
-pub(super) fn still_defined(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<String> {
+pub(crate) fn still_defined(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<String> {
     snapshot
         .resolve(ids)
         .into_iter()
@@ -159,7 +159,7 @@ pub(super) fn still_defined(snapshot: &Snapshot, ids: &BTreeSet<String>) -> Vec<
         .collect()
 }
 
-pub(super) fn display_paths(paths: &[PathBuf]) -> String {
+pub(crate) fn display_paths(paths: &[PathBuf]) -> String {
     paths
         .iter()
         .map(|path| path.display().to_string())

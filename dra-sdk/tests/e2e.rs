@@ -1,0 +1,502 @@
+//! The SDK against real Kubernetes v1.36 components (see `dra_sdk::testing::e2e`): a real
+//! kubelet registers and calls the plugin, a real API server stores its slices, a real
+//! scheduler allocates from them. Skipped, with one line saying so, when `DRA_E2E_K8S_BIN`
+//! does not name the binaries; CI always sets it.
+//!
+//! The tests share one cluster with two nodes. `node-1` hosts the suite and the scheduling
+//! tests (each with a driver of its own); `node-2` the tests that restart its kubelet or run
+//! two instances of one plugin, one at a time.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk::slices::{
+    CapacityRequestPolicy, CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool,
+    ResourceSlicePublisher, TaintEffect,
+};
+use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::{RealCluster, ServedVersions, binaries_or_skip, suite::E2eSuite};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use serde_json::json;
+use tokio::sync::{Mutex, OnceCell};
+
+mod driver_common;
+
+use driver_common::{GpuDriver, gpus_on};
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+static CLUSTER: OnceCell<RealCluster> = OnceCell::const_new();
+/// The tests on `node-2` restart its kubelet: one at a time.
+static NODE_2: Mutex<()> = Mutex::const_new(());
+
+async fn cluster() -> Option<&'static RealCluster> {
+    let binaries = binaries_or_skip()?;
+    Some(
+        CLUSTER
+            .get_or_init(|| async {
+                let cluster = RealCluster::builder(binaries)
+                    .nodes(["node-1", "node-2"])
+                    .start()
+                    .await
+                    .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
+                eprintln!("e2e: {}", cluster.describe());
+                cluster
+            })
+            .await,
+    )
+}
+
+fn object<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).expect("a valid object")
+}
+
+async fn start_plugin(
+    cluster: &RealCluster,
+    node: &str,
+    driver: &str,
+    resources: DriverResources,
+    pod_uid: Option<&str>,
+) -> KubeletPlugin {
+    let client = cluster.client().await.unwrap();
+    let mut builder = cluster
+        .plugin(node, GpuDriver::default(), driver, client)
+        .unwrap()
+        .resources(resources);
+    if let Some(uid) = pod_uid {
+        builder = builder.pod_uid(uid);
+    }
+    let plugin = builder.start().await.unwrap();
+    let publisher = plugin.publisher().expect("the plugin publishes");
+    tokio::time::timeout(TIMEOUT, publisher.synced())
+        .await
+        .expect("the plugin's slices are written");
+    plugin
+}
+
+/// The suite over the SDK's test driver: registration, slices, pods with templates, shared
+/// claims, two containers, a bad config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_driver_passes_the_e2e_suite() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let driver = "suite.gpu.example.com";
+    let plugin = start_plugin(cluster, "node-1", driver, gpus_on("node-1", 4), None).await;
+    let report = E2eSuite::new(cluster, "node-1", driver)
+        .bad_config(
+            json!({ "apiVersion": "gpu.example.com/v1", "kind": "GpuConfig", "sharingg": "x" }),
+            "unknown field `sharingg`",
+        )
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_passed();
+    assert!(
+        report
+            .cases
+            .iter()
+            .all(|case| case.outcome.label() == "passed"),
+        "{report}"
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+/// The real kubelet registers the plugin (v1 chosen), again after its own restart and after
+/// the plugin's restart, and pods still get devices afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_survives_kubelet_and_plugin_restarts() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let _node = NODE_2.lock().await;
+    let driver = "restart.gpu.example.com";
+    let node = cluster.node("node-2").unwrap();
+    let plugin = start_plugin(cluster, "node-2", driver, gpus_on("node-2", 2), None).await;
+    let first = node
+        .wait_for_registration(driver, 0, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(first.chosen_service, "v1.DRAPlugin");
+
+    cluster.restart_kubelet("node-2").await.unwrap();
+    let second = node
+        .wait_for_registration(driver, 1, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(second.chosen_service, "v1.DRAPlugin");
+
+    plugin.shutdown().await.unwrap();
+    let plugin = start_plugin(cluster, "node-2", driver, gpus_on("node-2", 2), None).await;
+    let third = node
+        .wait_for_registration(driver, 2, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(third.chosen_service, "v1.DRAPlugin");
+
+    let report = E2eSuite::new(cluster, "node-2", driver)
+        .only(["pod-runs"])
+        .run()
+        .await
+        .unwrap();
+    report.assert_passed();
+    plugin.shutdown().await.unwrap();
+}
+
+/// A rolling update: a second instance of the plugin starts next to the first (its own
+/// sockets, from the pod UID), both are registered, pods run; the first goes away and pods
+/// still run through the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_update_with_two_instances() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let _node = NODE_2.lock().await;
+    let driver = "rolling.gpu.example.com";
+    let node = cluster.node("node-2").unwrap();
+    let seen = node.registrations(driver).len();
+    let old = start_plugin(
+        cluster,
+        "node-2",
+        driver,
+        gpus_on("node-2", 2),
+        Some("pod-old"),
+    )
+    .await;
+    node.wait_for_registration(driver, seen, TIMEOUT)
+        .await
+        .unwrap();
+    let new = start_plugin(
+        cluster,
+        "node-2",
+        driver,
+        gpus_on("node-2", 2),
+        Some("pod-new"),
+    )
+    .await;
+    let registration = node
+        .wait_for_registration(driver, seen + 1, TIMEOUT)
+        .await
+        .unwrap();
+    assert!(
+        registration.endpoint.contains("pod-new")
+            || registration.endpoint != node.registrations(driver)[seen].endpoint,
+        "the second instance registered its own endpoint: {registration:?}"
+    );
+
+    let both = E2eSuite::new(cluster, "node-2", driver)
+        .only(["pod-runs"])
+        .run()
+        .await
+        .unwrap();
+    both.assert_passed();
+
+    old.shutdown().await.unwrap();
+    let after = E2eSuite::new(cluster, "node-2", driver)
+        .only(["pod-runs"])
+        .run()
+        .await
+        .unwrap();
+    after.assert_passed();
+    new.shutdown().await.unwrap();
+}
+
+/// Every kind of content the publisher writes: a pool of 1200 devices (split over several
+/// slices), shared counters with partitions, taints, consumable capacity, binding conditions.
+fn every_feature(node: &str) -> DriverResources {
+    let big = (0..1200)
+        .map(|i| Device::new(format!("dev-{i}")).attribute("index", i64::from(i)))
+        .collect::<Vec<_>>();
+    let partitions = vec![
+        Device::new("gpu-0").consumes("gpu-0", [("memory", "40Gi")]),
+        Device::new("gpu-0-half-a").consumes("gpu-0", [("memory", "20Gi")]),
+        Device::new("gpu-0-half-b")
+            .consumes("gpu-0", [("memory", "20Gi")])
+            .taint(DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoSchedule).value("79")),
+        Device::new("shared")
+            .allow_multiple_allocations(true)
+            .capacity(
+                "memory",
+                DeviceCapacity::new("16Gi")
+                    .with_request_policy(CapacityRequestPolicy::with_default("4Gi")),
+            ),
+        Device::new("bound")
+            .binds_to_node(true)
+            .binding_condition("gpu.example.com/attached")
+            .binding_failure_condition("gpu.example.com/failed"),
+    ];
+    DriverResources::new()
+        .with_pool(node, Pool::new(big))
+        .with_pool(
+            format!("{node}-partitioned"),
+            Pool::new(partitions).counter_set(CounterSet::new("gpu-0", [("memory", "40Gi")])),
+        )
+}
+
+/// Publishes [`every_feature`] for `node` through `client`, checks the server holds every
+/// device in complete pools, and that nothing is written at steady state.
+async fn publish_every_feature(client: kube::Client, driver: &str, node: &str, served: &[&str]) {
+    let resources = every_feature(node);
+    let publisher = ResourceSlicePublisher::for_node(client.clone(), driver, node)
+        .on_error(|error| panic!("publishing: {error}"))
+        .spawn(resources.clone());
+    tokio::time::timeout(TIMEOUT, publisher.synced())
+        .await
+        .expect("slices written");
+    let written = publisher.stats();
+    assert_eq!(written.errors, 0, "{written:?}");
+
+    // Read back in the newest version the server serves: v1 is off on the older ones.
+    let version = ["v1", "v1beta2", "v1beta1"]
+        .into_iter()
+        .find(|version| served.contains(version))
+        .unwrap();
+    let resource = ApiResource {
+        group: "resource.k8s.io".into(),
+        version: version.into(),
+        api_version: format!("resource.k8s.io/{version}"),
+        kind: "ResourceSlice".into(),
+        plural: "resourceslices".into(),
+    };
+    let slices = Api::<DynamicObject>::all_with(client.clone(), &resource)
+        .list(&ListParams::default().fields(&format!("spec.driver={driver}")))
+        .await
+        .unwrap()
+        .items;
+    let mut pools: BTreeMap<String, (i64, usize)> = BTreeMap::new();
+    let mut devices = 0;
+    for slice in &slices {
+        let spec = &slice.data["spec"];
+        let entry = pools
+            .entry(spec["pool"]["name"].as_str().unwrap().to_owned())
+            .or_insert((spec["pool"]["resourceSliceCount"].as_i64().unwrap(), 0));
+        entry.1 += 1;
+        devices += spec["devices"].as_array().map_or(0, Vec::len);
+    }
+    assert_eq!(devices, resources.device_count(), "every device is stored");
+    for (pool, (count, seen)) in &pools {
+        assert_eq!(*count, *seen as i64, "pool {pool} is complete");
+    }
+    assert!(pools[node].1 > 1, "1200 devices need several slices");
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(publisher.stats(), written, "no writes at steady state");
+    publisher.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_accepts_every_slice_the_publisher_writes() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let client = cluster.client().await.unwrap();
+    publish_every_feature(client, "publish.gpu.example.com", "node-1", &["v1"]).await;
+}
+
+/// A server like Kubernetes 1.33 (v1beta2 and v1beta1 only) and one like 1.32 (v1beta1 only):
+/// the publisher finds the version by discovery and the server accepts everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_api_servers_accept_the_slices() {
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    for (served, versions) in [
+        (ServedVersions::Like1_33, ["v1beta2", "v1beta1"].as_slice()),
+        (ServedVersions::Like1_32, ["v1beta1"].as_slice()),
+    ] {
+        let cluster = RealCluster::builder(&binaries)
+            .control_plane_only()
+            .served_versions(served)
+            .start()
+            .await
+            .unwrap();
+        let client = cluster.client().await.unwrap();
+        let node: Node = object(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": "old-node", "labels": { "kubernetes.io/hostname": "old-node" } },
+        }));
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+        let groups = client.list_api_groups().await.unwrap();
+        let group = groups
+            .groups
+            .iter()
+            .find(|g| g.name == "resource.k8s.io")
+            .unwrap();
+        let offered: Vec<&str> = group.versions.iter().map(|v| v.version.as_str()).collect();
+        assert!(!offered.contains(&"v1"), "{served:?} serves {offered:?}");
+        assert_eq!(
+            offered.contains(&"v1beta2"),
+            versions.contains(&"v1beta2"),
+            "{offered:?}"
+        );
+        publish_every_feature(client, "old.gpu.example.com", "old-node", versions).await;
+    }
+}
+
+/// The real scheduler allocates from the plugin's slices: by CEL on an attribute, within the
+/// shared counters of partitionable devices (a partition waits while the whole device is
+/// taken), and from the consumable capacity of a device that takes many allocations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_allocates_from_our_slices() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let driver = "sched.gpu.example.com";
+    let kind = |device: Device, kind: &str| device.attribute("kind", kind);
+    let devices = vec![
+        kind(Device::new("fast"), "plain").attribute("speed", 10_i64),
+        kind(Device::new("slow"), "plain").attribute("speed", 1_i64),
+        kind(Device::new("whole"), "whole").consumes("gpu", [("memory", "40Gi")]),
+        kind(Device::new("half"), "half").consumes("gpu", [("memory", "20Gi")]),
+        kind(Device::new("shared"), "shared")
+            .allow_multiple_allocations(true)
+            .capacity(
+                "memory",
+                DeviceCapacity::new("16Gi")
+                    .with_request_policy(CapacityRequestPolicy::with_default("4Gi")),
+            ),
+    ];
+    let resources = DriverResources::new().with_pool(
+        "node-1",
+        Pool::new(devices).counter_set(CounterSet::new("gpu", [("memory", "40Gi")])),
+    );
+    let plugin = start_plugin(cluster, "node-1", driver, resources, None).await;
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("sched").await.unwrap();
+    let class = format!("{namespace}.{driver}");
+    Api::<DeviceClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": { "name": class },
+                "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == {driver:?}") } }] },
+            })),
+        )
+        .await
+        .unwrap();
+    let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
+    let of_kind = |kind: &str| format!("device.attributes[{driver:?}].kind == {kind:?}");
+    for (name, exactly) in [
+        (
+            "fast",
+            json!({ "selectors": [{ "cel": { "expression": format!("device.attributes[{driver:?}].speed > 5") } }] }),
+        ),
+        (
+            "whole",
+            json!({ "selectors": [{ "cel": { "expression": of_kind("whole") } }] }),
+        ),
+        (
+            "half",
+            json!({ "selectors": [{ "cel": { "expression": of_kind("half") } }] }),
+        ),
+        (
+            "share-8gi",
+            json!({
+                "selectors": [{ "cel": { "expression": of_kind("shared") } }],
+                "capacity": { "requests": { "memory": "8Gi" } },
+            }),
+        ),
+    ] {
+        let mut exactly = exactly;
+        exactly["deviceClassName"] = json!(class);
+        let template: ResourceClaimTemplate = object(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "dev", "exactly": exactly }] } } },
+        }));
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let create = async |name: &str, template: &str| {
+        let source = ClaimSource::Template(template.into());
+        let pod = workload::pod_using(&namespace, name, "node-1", &source, &["ctr"]);
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    };
+    let running = async |name: &str| {
+        workload::wait_for_pod_running(&client, &namespace, name, TIMEOUT)
+            .await
+            .unwrap()
+    };
+    // The device and share ID allocated to the pod's claim.
+    let allocated = async |name: &str| -> (String, Option<String>) {
+        let pod = running(name).await;
+        let claim = pod.status.and_then(|s| s.resource_claim_statuses).unwrap()[0]
+            .resource_claim_name
+            .clone()
+            .unwrap();
+        let claim = Api::<ResourceClaim>::namespaced(client.clone(), &namespace)
+            .get(&claim)
+            .await
+            .unwrap();
+        let result = &claim
+            .status
+            .and_then(|s| s.allocation)
+            .unwrap()
+            .devices
+            .unwrap()
+            .results
+            .unwrap()[0];
+        assert_eq!(result.driver, driver);
+        (result.device.clone(), result.share_id.clone())
+    };
+    let stays_pending = async |name: &str| {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let pod = pods.get(name).await.unwrap();
+        let spec = pod.spec.unwrap_or_default();
+        assert_eq!(spec.node_name, None, "pod {name} must not be scheduled");
+    };
+
+    create("cel", "fast").await;
+    assert_eq!(
+        allocated("cel").await.0,
+        "fast",
+        "CEL picks the fast device"
+    );
+
+    create("whole", "whole").await;
+    assert_eq!(allocated("whole").await.0, "whole");
+    create("half", "half").await;
+    stays_pending("half").await;
+    workload::delete_pods(&client, &namespace, &["whole"], TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        allocated("half").await.0,
+        "half",
+        "the counters are free again"
+    );
+
+    create("share-1", "share-8gi").await;
+    create("share-2", "share-8gi").await;
+    let (first, first_share) = allocated("share-1").await;
+    let (second, second_share) = allocated("share-2").await;
+    assert_eq!((first.as_str(), second.as_str()), ("shared", "shared"));
+    assert!(
+        first_share.is_some() && first_share != second_share,
+        "{first_share:?} {second_share:?}"
+    );
+    create("share-3", "share-8gi").await;
+    stays_pending("share-3").await;
+
+    workload::delete_pods(
+        &client,
+        &namespace,
+        &["cel", "half", "share-1", "share-2", "share-3"],
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
+    plugin.shutdown().await.unwrap();
+}
