@@ -500,3 +500,122 @@ async fn the_scheduler_allocates_from_our_slices() {
     .unwrap();
     plugin.shutdown().await.unwrap();
 }
+
+/// Whether a process is gone (a zombie waiting for its reaper counts as gone: it runs no
+/// more and holds no port).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn wait_gone(pids: &[(String, u32)]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let alive: Vec<_> = pids.iter().filter(|(_, pid)| !gone(*pid)).collect();
+        if alive.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "orphaned components still run: {alive:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The child half of [`no_orphans_when_the_test_process_is_killed`]: does something only when
+/// that test runs this binary again with `DRA_E2E_ORPHAN_CHILD` naming a file, where it writes
+/// the PIDs of its cluster's components before it waits to be killed.
+#[tokio::test]
+async fn orphan_child() {
+    let Some(file) = std::env::var_os("DRA_E2E_ORPHAN_CHILD") else {
+        return;
+    };
+    let binaries = binaries_or_skip().expect("the parent checked the binaries");
+    let cluster = RealCluster::builder(binaries)
+        .control_plane_only()
+        .start()
+        .await
+        .unwrap();
+    let pids: Vec<String> = cluster
+        .pids()
+        .into_iter()
+        .map(|(name, pid)| format!("{name}={pid}"))
+        .collect();
+    std::fs::write(file, pids.join("\n")).unwrap();
+    tokio::time::sleep(Duration::from_secs(300)).await;
+}
+
+/// A test process killed with SIGKILL runs no destructor; its cluster's components must die
+/// with it all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_orphans_when_the_test_process_is_killed() {
+    if binaries_or_skip().is_none() {
+        return;
+    }
+    assert!(
+        dra_sdk::testing::e2e::pdeath_signal_supported(),
+        "setpriv (util-linux) is needed to tie components to the test process"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pids");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "orphan_child", "--nocapture"])
+        .env("DRA_E2E_ORPHAN_CHILD", &file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let pids = loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        if !text.is_empty() {
+            break text
+                .lines()
+                .filter_map(|line| line.split_once('='))
+                .map(|(name, pid)| (name.to_owned(), pid.parse::<u32>().unwrap()))
+                .collect::<Vec<_>>();
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child test ended early"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child's cluster did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(pids.len(), 2, "etcd and the API server: {pids:?}");
+    assert!(pids.iter().all(|(_, pid)| !gone(*pid)));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_gone(&pids).await;
+}
+
+/// A test that panics with a cluster drops it while unwinding: every component stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_orphans_after_a_panic() {
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let pids = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = pids.clone();
+    let test = tokio::spawn(async move {
+        let cluster = RealCluster::builder(binaries)
+            .control_plane_only()
+            .start()
+            .await
+            .unwrap();
+        *seen.lock().unwrap() = cluster.pids();
+        panic!("a failing test");
+    });
+    assert!(test.await.unwrap_err().is_panic());
+    let pids = pids.lock().unwrap().clone();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    wait_gone(&pids).await;
+}

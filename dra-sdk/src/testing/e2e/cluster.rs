@@ -518,31 +518,39 @@ impl RealCluster {
             if check().await {
                 return Ok(());
             }
-            let mut guard = self
-                .control_plane
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let Some(proc) = process(&mut guard) else {
-                return Ok(());
+            // The guard must not live across the await below (the future stays Send).
+            let verdict = {
+                let mut guard = self
+                    .control_plane
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                match process(&mut guard) {
+                    None => Some(Ok(())),
+                    Some(proc) => {
+                        if let Some(status) = proc.exited() {
+                            Some(Err(E2eError::Exited {
+                                component: component.to_owned(),
+                                status,
+                                log: proc.log_path().to_owned(),
+                                tail: proc.log_tail(15),
+                            }))
+                        } else if Instant::now() > deadline {
+                            Some(Err(E2eError::NotReady {
+                                component: component.to_owned(),
+                                waiting_for: waiting_for.to_owned(),
+                                timeout: READY_TIMEOUT,
+                                log: proc.log_path().to_owned(),
+                                tail: proc.log_tail(15),
+                            }))
+                        } else {
+                            None
+                        }
+                    }
+                }
             };
-            if let Some(status) = proc.exited() {
-                return Err(E2eError::Exited {
-                    component: component.to_owned(),
-                    status,
-                    log: proc.log_path().to_owned(),
-                    tail: proc.log_tail(15),
-                });
+            if let Some(verdict) = verdict {
+                return verdict;
             }
-            if Instant::now() > deadline {
-                return Err(E2eError::NotReady {
-                    component: component.to_owned(),
-                    waiting_for: waiting_for.to_owned(),
-                    timeout: READY_TIMEOUT,
-                    log: proc.log_path().to_owned(),
-                    tail: proc.log_tail(15),
-                });
-            }
-            drop(guard);
             tokio::time::sleep(POLL).await;
         }
     }
