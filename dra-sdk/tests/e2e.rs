@@ -619,3 +619,38 @@ async fn no_orphans_after_a_panic() {
     assert_eq!(pids.len(), 2, "{pids:?}");
     wait_gone(&pids).await;
 }
+
+/// Without the binaries every e2e test passes after one line saying that it was skipped; with
+/// `DRA_E2E_REQUIRED` set (as CI does) the same run fails instead.
+#[test]
+fn without_binaries_the_suite_says_it_is_skipped() {
+    let run = |required: bool| {
+        let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", "sdk_driver_passes_the_e2e_suite"])
+            .env_remove("DRA_E2E_K8S_BIN")
+            .env_remove("DRA_E2E_REQUIRED");
+        if required {
+            command.env("DRA_E2E_REQUIRED", "1");
+        }
+        command.output().unwrap()
+    };
+    let skipped = run(false);
+    let stderr = String::from_utf8_lossy(&skipped.stderr);
+    assert!(skipped.status.success(), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("e2e: skipped: DRA_E2E_K8S_BIN is not set")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    let required = run(true);
+    assert!(!required.status.success());
+    assert!(
+        String::from_utf8_lossy(&required.stdout)
+            .contains("DRA_E2E_REQUIRED is set but DRA_E2E_K8S_BIN is not"),
+        "{}",
+        String::from_utf8_lossy(&required.stdout)
+    );
+}
