@@ -84,3 +84,57 @@ async fn the_plugin_binary_passes_the_e2e_suite() {
     );
     plugin.stop();
 }
+
+/// The README's main job against a real cluster: `mock-gpu-demo --kubeconfig` creates real
+/// Pods, the real scheduler allocates their claims from the demo plugin's slices, the claims
+/// stay allocated while the demo prepares them, and the binary exits 0 with a true summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_runs_against_the_real_cluster() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let namespace = cluster.create_namespace("demo").await.unwrap();
+    let binary = env!("CARGO_BIN_EXE_mock-gpu-demo");
+    let mut command = std::process::Command::new(binary);
+    command
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(["--node-name", "node-1", "--namespace", &namespace])
+        .env("DRIVER_NAME", "e2e-demo.gpu.example.com");
+    // Off the runtime: the binary takes a few seconds.
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(
+            "summary: 4 of 4 claims allocated by the cluster's scheduler, 3 prepared, \
+             1 failed (bad-config at prepare, as expected), 4 unprepared, 0 CDI spec files left"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("unknown field `sharing.timeSlicingConfig.intervall`"),
+        "{stdout}"
+    );
+    // Everything it created is gone.
+    let client = cluster.client().await.unwrap();
+    let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &namespace)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    assert!(pods.items.is_empty(), "pods left: {}", pods.items.len());
+    let claims =
+        kube::Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(client, &namespace)
+            .list(&Default::default())
+            .await
+            .unwrap();
+    assert!(
+        claims.items.is_empty(),
+        "claims left: {}",
+        claims.items.len()
+    );
+}
