@@ -50,12 +50,11 @@ impl CriLog {
     pub fn container_cdi_devices(&self, pod: &str, container: &str) -> Option<Vec<String>> {
         self.calls()
             .into_iter()
-            .filter(|call| {
+            .rfind(|call| {
                 call.call == "CreateContainer"
                     && call.pod.as_deref() == Some(pod)
                     && call.container.as_deref() == Some(container)
             })
-            .last()
             .map(|call| call.cdi_devices)
     }
 
