@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{
     CapacityRequestPolicy, CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool,
@@ -653,4 +654,110 @@ fn without_binaries_the_suite_says_it_is_skipped() {
         "{}",
         String::from_utf8_lossy(&required.stdout)
     );
+}
+
+/// Device health reaches the pod: the kubelet watches the plugin's health stream and shows
+/// each allocated device's health in `containerStatuses[].allocatedResourcesStatus`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_health_reaches_the_pod_status() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    let driver = "health.gpu.example.com";
+    let (reporter, source) = HealthReporter::new();
+    let healthy = |status| {
+        (0..2)
+            .map(|i| DeviceHealth::new("node-1", format!("gpu-{i}"), status))
+            .collect::<Vec<_>>()
+    };
+    reporter.set(healthy(HealthStatus::Healthy));
+    let client = cluster.client().await.unwrap();
+    let plugin = cluster
+        .plugin(
+            "node-1",
+            GpuDriver {
+                health: Some(source),
+            },
+            driver,
+            client.clone(),
+        )
+        .unwrap()
+        .resources(gpus_on("node-1", 1))
+        .start()
+        .await
+        .unwrap();
+    let node = cluster.node("node-1").unwrap();
+    node.wait_for_registration(driver, 0, TIMEOUT)
+        .await
+        .unwrap();
+    let namespace = cluster.create_namespace("health").await.unwrap();
+    Api::<DeviceClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": { "name": format!("{namespace}.{driver}") },
+                "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == {driver:?}") } }] },
+            })),
+        )
+        .await
+        .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace)
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": { "name": "gpu", "namespace": namespace },
+                "spec": { "spec": { "devices": { "requests": [{ "name": "dev", "exactly": { "deviceClassName": format!("{namespace}.{driver}") } }] } } },
+            })),
+        )
+        .await
+        .unwrap();
+    let pod = workload::pod_using(
+        &namespace,
+        "watched",
+        "node-1",
+        &ClaimSource::Template("gpu".into()),
+        &["ctr"],
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    workload::wait_for_pod_running(&client, &namespace, "watched", TIMEOUT)
+        .await
+        .unwrap();
+
+    let health_in_status = async |want: &str| {
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            let pod = pods.get("watched").await.unwrap();
+            let statuses =
+                serde_json::to_value(pod.status.and_then(|s| s.container_statuses)).unwrap();
+            let seen: Vec<String> = statuses[0]["allocatedResourcesStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|entry| entry["resources"].as_array().cloned().unwrap_or_default())
+                .filter_map(|resource| resource["health"].as_str().map(str::to_owned))
+                .collect();
+            if seen.iter().any(|health| health == want) {
+                return statuses;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {want} device in the pod's status: {statuses}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    health_in_status("Healthy").await;
+    reporter.set(healthy(HealthStatus::Unhealthy));
+    let statuses = health_in_status("Unhealthy").await;
+    eprintln!("pod status with an unhealthy device: {statuses}");
+    reporter.set(healthy(HealthStatus::Healthy));
+    health_in_status("Healthy").await;
+
+    workload::delete_pods(&client, &namespace, &["watched"], TIMEOUT)
+        .await
+        .unwrap();
+    plugin.shutdown().await.unwrap();
 }
