@@ -108,9 +108,12 @@ dra_adapter!(DraV1beta1, dra_v1beta1, |_share_id| {
 
 /// Serves `NodeWatchResources` from a driver's [`HealthSource`].
 pub(crate) struct HealthService {
-    pub(crate) source: HealthSource,
+    /// The driver's device health; `None` for a driver that reports none.
+    pub(crate) source: Option<HealthSource>,
     /// Re-send interval without changes; well below the kubelet's 30 s staleness timeout.
     pub(crate) resend_interval: Duration,
+    /// Ends the quiet stream of a driver without health when the plugin stops.
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
 }
 
 type HealthStream =
@@ -124,7 +127,20 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
         &self,
         _request: Request<health_pb::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        let mut updates = self.source.subscribe();
+        let Some(source) = &self.source else {
+            // Kubelet 1.36 (seen with v1.36.2) opens this stream for every plugin, whether it
+            // lists the health service or not, and after `Unimplemented` retries every 5 s,
+            // forever. A driver without health gets a quiet stream instead: nothing to report,
+            // no reconnect churn. It ends with the plugin, or when the kubelet goes away.
+            let shutdown = self.shutdown.clone();
+            return Ok(Response::new(async_stream(move |sender| async move {
+                tokio::select! {
+                    () = shutdown.cancelled_owned() => {}
+                    () = sender.closed() => {}
+                }
+            })));
+        };
+        let mut updates = source.subscribe();
         let resend = self.resend_interval;
         let stream = async_stream(move |sender| async move {
             let mut ticker = tokio::time::interval(resend);

@@ -5,7 +5,7 @@
 //! expects:
 //!
 //! 1. open the checkpoint, roll back prepares interrupted by a crash, remove orphaned CDI specs;
-//! 2. serve the DRA service (v1, v1beta1, and health when the driver reports it) on
+//! 2. serve the DRA service (v1, v1beta1, and the health stream) on
 //!    `<plugins dir>/<driver>/dra.sock`;
 //! 3. only then create the registration socket in the kubelet's registry directory;
 //! 4. publish the driver's ResourceSlices, serve `/metrics` and `/healthz`.
@@ -405,14 +405,16 @@ impl<D: Driver> PluginBuilder<D> {
             .set_serving::<crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer<DraV1beta1<D>>>()
             .await;
         let dra_listener = socket::bind_private(&paths.dra)?;
-        let health_service = health.clone().map(|source| {
+        // Served even for a driver without health, though then not advertised: see
+        // `HealthService`.
+        let health_service =
             crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
                 HealthService {
-                    source,
+                    source: health.clone(),
                     resend_interval: self.health_resend_interval,
+                    shutdown: services_shutdown.clone(),
                 },
-            )
-        });
+            );
         let dra_router = tonic::transport::Server::builder()
             .add_service(
                 crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(DraV1 {
@@ -425,7 +427,7 @@ impl<D: Driver> PluginBuilder<D> {
                 }),
             )
             .add_service(grpc_health)
-            .add_optional_service(health_service);
+            .add_service(health_service);
         let dra_socket = paths.dra.display().to_string();
         let token = services_shutdown.clone();
         tasks.spawn(async move {

@@ -32,8 +32,9 @@ pub(crate) const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 /// prefer them: kubelets 1.34+ take the first entry they know.
 pub(crate) const DRA_SERVICE_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 
-/// The resource-health streaming service; advertised only when served, since
-/// kubelets 1.36+ start the health stream only for plugins listing it.
+/// The resource-health streaming service; advertised only for drivers that report health.
+/// (Kubelet 1.36 opens the stream whether it is listed or not; the plugin answers those with
+/// a quiet stream.)
 pub(crate) const HEALTH_SERVICE_VERSION: &str = "v1alpha1.DRAResourceHealth";
 
 /// What the kubelet last said about this plugin's registration.

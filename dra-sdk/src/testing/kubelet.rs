@@ -411,7 +411,9 @@ impl RegisteredPlugin {
             .collect())
     }
 
-    /// Opens the health stream, as kubelet 1.34+ does when health is advertised.
+    /// Opens the health stream. Kubelet 1.34 does when health is advertised; kubelet 1.36
+    /// (v1.36.2 included) does for every plugin, advertised or not, and retries every 5 s
+    /// after an error.
     pub async fn watch_health(&self) -> Result<HealthWatch, KubeletError> {
         let mut client = health_pb::dra_resource_health_client::DraResourceHealthClient::new(
             self.channel.clone(),

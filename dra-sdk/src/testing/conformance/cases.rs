@@ -644,12 +644,14 @@ async fn health_stream(s: &mut Session) -> CaseResult {
                 if status.code() == tonic::Code::Unimplemented =>
             {
                 Ok(vec![
-                    "not advertised, and NodeWatchResources answers Unimplemented".into(),
+                    "not advertised, and NodeWatchResources answers Unimplemented: kubelet 1.36 \
+                     opens it anyway and retries every 5 s"
+                        .into(),
                 ])
             }
             Err(error) => Ok(vec![format!("not advertised; NodeWatchResources: {error}")]),
             Ok(_) => Ok(vec![
-                "not advertised but served: kubelets from 1.36.1 on do not use it".into(),
+                "not advertised, served quietly for kubelet 1.36, which opens it anyway".into(),
             ]),
         };
     }
