@@ -76,6 +76,11 @@ fn is_conflict(error: &kube::Error) -> bool {
 /// A claim that is already allocated keeps its allocation and only gets the reservation.
 /// `pod` is the consumer's `(name, uid)`; `None` allocates without reserving.
 ///
+/// Against a real cluster, reserve only for pods that exist: its resourceclaim controller
+/// removes reservations by pods it cannot find, then the allocation of a claim nobody
+/// reserves (the fake API server runs no controller and keeps both). Better still, create the
+/// pods and let the real scheduler allocate, as `mock-gpu-demo` does.
+///
 /// ```no_run
 /// # async fn example(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// use dra_sdk::testing::allocator::allocate_claim;
