@@ -8,7 +8,8 @@
 //! - `dra_requests_in_flight{operation}`: kubelet requests being served;
 //! - `dra_prepared_claims`: claims currently prepared on this node.
 //!
-//! The ResourceSlice publisher adds its own counters to the same registry.
+//! The ResourceSlice publisher adds its own counters to the same registry:
+//! `dra_resourceslice_{creates,updates,deletes,errors}_total`, with the same `driver` label.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -26,6 +27,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+/// Prefix of every metric the plugin serves.
+pub(crate) const PREFIX: &str = "dra";
+
+/// The `driver` label every metric the plugin serves carries.
+pub(crate) fn driver_label(driver_name: &str) -> (Cow<'static, str>, Cow<'static, str>) {
+    (Cow::Borrowed("driver"), Cow::Owned(driver_name.to_string()))
+}
 
 /// Which kubelet operation a metric is about.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -58,11 +67,16 @@ pub(crate) struct PluginMetrics {
 
 impl PluginMetrics {
     /// Creates the metrics and registers them under `dra_` with a `driver` label.
+    ///
+    /// The registry returned is the root one the HTTP endpoint encodes: it has neither a
+    /// prefix nor labels of its own, so that other components (the ResourceSlice publisher's
+    /// [`register_metrics`](crate::slices::PublisherHandle::register_metrics)) can add their
+    /// metrics to it under the same `dra_` prefix and `driver` label without doubling either.
     pub(crate) fn new(driver_name: &str) -> (Arc<Self>, Registry) {
-        let mut registry = Registry::with_prefix_and_labels(
-            "dra",
-            [(Cow::Borrowed("driver"), Cow::Owned(driver_name.to_string()))].into_iter(),
-        );
+        let mut root = Registry::default();
+        let registry = root
+            .sub_registry_with_prefix(PREFIX)
+            .sub_registry_with_label(driver_label(driver_name));
         // 100 µs .. ~3.3 s: prepare is usually sub-millisecond, but a slow API server or a
         // driver creating MIG devices can take seconds.
         let buckets = || exponential_buckets(0.0001, 2.0, 16);
@@ -110,7 +124,7 @@ impl PluginMetrics {
             "Claims currently prepared on this node",
             metrics.prepared_claims.clone(),
         );
-        (metrics, registry)
+        (metrics, root)
     }
 
     /// Tracks one kubelet request from start to drop.

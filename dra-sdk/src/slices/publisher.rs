@@ -496,26 +496,31 @@ impl PublisherHandle {
 
     /// Registers counters `dra_resourceslice_{creates,updates,deletes,errors}_total`, labelled
     /// with `driver`.
+    ///
+    /// `registry` should be a root registry, without a prefix or a `driver` label of its own
+    /// (e.g. `Registry::default()`): this adds both. A [`KubeletPlugin`](crate::plugin::KubeletPlugin)
+    /// that publishes slices registers them on its `/metrics` already.
     pub fn register_metrics(&self, registry: &mut Registry) {
-        let registry =
-            registry.sub_registry_with_label(("driver".into(), self.driver.clone().into()));
+        let registry = registry
+            .sub_registry_with_prefix(crate::metrics::PREFIX)
+            .sub_registry_with_label(crate::metrics::driver_label(&self.driver));
         registry.register(
-            "dra_resourceslice_creates",
+            "resourceslice_creates",
             "ResourceSlices created by the publisher",
             self.metrics.creates.clone(),
         );
         registry.register(
-            "dra_resourceslice_updates",
+            "resourceslice_updates",
             "ResourceSlices updated by the publisher",
             self.metrics.updates.clone(),
         );
         registry.register(
-            "dra_resourceslice_deletes",
+            "resourceslice_deletes",
             "ResourceSlices deleted by the publisher",
             self.metrics.deletes.clone(),
         );
         registry.register(
-            "dra_resourceslice_errors",
+            "resourceslice_errors",
             "Failed API requests of the ResourceSlice publisher",
             self.metrics.errors.clone(),
         );
