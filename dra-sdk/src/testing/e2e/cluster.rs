@@ -238,7 +238,7 @@ impl RealCluster {
         let kubeconfig = dir.path.join("admin.kubeconfig");
         authority.kubeconfig(&kubeconfig, &server, "admin", &admin)?;
 
-        let cluster = Self {
+        let mut cluster = Self {
             control_plane: Mutex::new(ControlPlane::default()),
             nodes: Vec::new(),
             spawner: Spawner::new().map_err(io_error("starting the spawner thread"))?,
@@ -251,7 +251,6 @@ impl RealCluster {
             dir,
         };
         let gates = feature_gates(&config.feature_gates);
-        let mut cluster = cluster;
         cluster
             .start_control_plane(&config, &control_ports, &gates)
             .await?;
@@ -261,7 +260,7 @@ impl RealCluster {
         }
         let client = cluster.client().await?;
         for node in &cluster.nodes {
-            node.wait_ready(&cluster, &client, READY_TIMEOUT).await?;
+            node.wait_ready(&client, READY_TIMEOUT).await?;
         }
         if config.controller_manager {
             cluster

@@ -292,7 +292,6 @@ featureGates:
 
     pub(crate) async fn wait_ready(
         &self,
-        _cluster: &RealCluster,
         client: &kube::Client,
         timeout: Duration,
     ) -> Result<(), E2eError> {
