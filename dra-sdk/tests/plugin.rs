@@ -15,9 +15,7 @@ use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
 use dra_sdk::testing::apiserver::{Fault, Verb};
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{
-    DraApi, KubeletError, KubeletSimulator, KubeletVersion, RegisteredPlugin,
-};
+use dra_sdk::testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
