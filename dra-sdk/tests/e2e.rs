@@ -97,14 +97,7 @@ async fn sdk_driver_passes_the_e2e_suite() {
         .await
         .unwrap();
     println!("{report}");
-    report.assert_passed();
-    assert!(
-        report
-            .cases
-            .iter()
-            .all(|case| case.outcome.label() == "passed"),
-        "{report}"
-    );
+    report.assert_all_passed();
     plugin.shutdown().await.unwrap();
 }
 
@@ -376,11 +369,7 @@ async fn the_scheduler_allocates_from_our_slices() {
     Api::<DeviceClass>::all(client.clone())
         .create(
             &PostParams::default(),
-            &object(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": { "name": class },
-                "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == {driver:?}") } }] },
-            })),
+            &workload::device_class(&class, driver, None).unwrap(),
         )
         .await
         .unwrap();
@@ -407,13 +396,7 @@ async fn the_scheduler_allocates_from_our_slices() {
             }),
         ),
     ] {
-        let mut exactly = exactly;
-        exactly["deviceClassName"] = json!(class);
-        let template: ResourceClaimTemplate = object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": { "name": name, "namespace": namespace },
-            "spec": { "spec": { "devices": { "requests": [{ "name": "dev", "exactly": exactly }] } } },
-        }));
+        let template = workload::claim_template(&namespace, name, &class, exactly, None).unwrap();
         templates
             .create(&PostParams::default(), &template)
             .await
@@ -691,26 +674,17 @@ async fn device_health_reaches_the_pod_status() {
         .await
         .unwrap();
     let namespace = cluster.create_namespace("health").await.unwrap();
+    let class = format!("{namespace}.{driver}");
     Api::<DeviceClass>::all(client.clone())
         .create(
             &PostParams::default(),
-            &object(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": { "name": format!("{namespace}.{driver}") },
-                "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == {driver:?}") } }] },
-            })),
+            &workload::device_class(&class, driver, None).unwrap(),
         )
         .await
         .unwrap();
+    let template = workload::claim_template(&namespace, "gpu", &class, json!({}), None).unwrap();
     Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace)
-        .create(
-            &PostParams::default(),
-            &object(json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": { "name": "gpu", "namespace": namespace },
-                "spec": { "spec": { "devices": { "requests": [{ "name": "dev", "exactly": { "deviceClassName": format!("{namespace}.{driver}") } }] } } },
-            })),
-        )
+        .create(&PostParams::default(), &template)
         .await
         .unwrap();
     let pod = workload::pod_using(

@@ -115,6 +115,27 @@ impl Report {
         panic!("{message}");
     }
 
+    /// Like [`assert_passed`](Self::assert_passed), and also panics when a case was skipped:
+    /// for a target that must run every case.
+    #[track_caller]
+    pub fn assert_all_passed(&self) {
+        self.assert_passed();
+        let skipped: Vec<String> = self
+            .cases
+            .iter()
+            .filter_map(|case| match &case.outcome {
+                Outcome::Skipped(why) => Some(format!("  {}: {why}", case.name)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            skipped.is_empty(),
+            "{} cases skipped:\n{}\n\n{self}",
+            self.suite,
+            skipped.join("\n")
+        );
+    }
+
     /// An empty report, for building one by hand (tests of report consumers).
     pub fn new(driver: impl Into<String>, target: impl Into<String>) -> Self {
         Self {

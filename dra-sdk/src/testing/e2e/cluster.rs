@@ -276,7 +276,6 @@ impl RealCluster {
         ports: &ControlPlanePorts,
         gates: &str,
     ) -> Result<(), E2eError> {
-        let pki = self.dir.path.join("pki");
         let etcd_args = self.etcd_args(ports)?;
         let etcd = self.spawn("etcd", "etcd", &etcd_args)?;
         let etcd_health = SocketAddr::from((Ipv4Addr::LOCALHOST, ports.etcd));
@@ -372,21 +371,13 @@ impl RealCluster {
 
         let mut started = Vec::new();
         if config.controller_manager {
-            let cert = self.authority.issue(
+            let mut args = self.control_loop_args(
                 "kube-controller-manager",
                 "system:kube-controller-manager",
-                None,
-                Usage::Client,
+                ports.controller_manager,
+                gates,
             )?;
-            let kc = self.component_kubeconfig("kube-controller-manager", &cert)?;
-            let args = vec![
-                format!("--kubeconfig={kc}"),
-                format!("--authentication-kubeconfig={kc}"),
-                format!("--authorization-kubeconfig={kc}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", ports.controller_manager),
-                format!("--cert-dir={}", path(&pki.join("kcm-serving"))),
-                "--leader-elect=false".into(),
+            args.extend([
                 format!("--service-account-private-key-file={}", path(&sa.key)),
                 format!("--root-ca-file={}", path(&ca)),
                 "--use-service-account-credentials=true".into(),
@@ -397,35 +388,19 @@ impl RealCluster {
                 ),
                 format!("--service-cluster-ip-range={SERVICE_CIDR}"),
                 "--controllers=*".into(),
-                format!("--feature-gates={gates}"),
-                "--profiling=false".into(),
-                "--v=1".into(),
-            ];
+            ]);
             let process =
                 self.spawn("kube-controller-manager", "kube-controller-manager", &args)?;
             self.control_plane_mut(|cp| cp.controller_manager = Some(process));
             started.push(("kube-controller-manager", ports.controller_manager));
         }
         if config.scheduler {
-            let cert = self.authority.issue(
+            let args = self.control_loop_args(
                 "kube-scheduler",
                 "system:kube-scheduler",
-                None,
-                Usage::Client,
+                ports.scheduler,
+                gates,
             )?;
-            let kc = self.component_kubeconfig("kube-scheduler", &cert)?;
-            let args = vec![
-                format!("--kubeconfig={kc}"),
-                format!("--authentication-kubeconfig={kc}"),
-                format!("--authorization-kubeconfig={kc}"),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", ports.scheduler),
-                format!("--cert-dir={}", path(&pki.join("scheduler-serving"))),
-                "--leader-elect=false".into(),
-                format!("--feature-gates={gates}"),
-                "--profiling=false".into(),
-                "--v=1".into(),
-            ];
             let process = self.spawn("kube-scheduler", "kube-scheduler", &args)?;
             self.control_plane_mut(|cp| cp.scheduler = Some(process));
             started.push(("kube-scheduler", ports.scheduler));
@@ -447,6 +422,32 @@ impl RealCluster {
             .await?;
         }
         Ok(())
+    }
+
+    /// The flags the controller manager and the scheduler share: their identity (a client
+    /// certificate for `user`), where they serve, no leader election, the feature gates.
+    fn control_loop_args(
+        &self,
+        name: &str,
+        user: &str,
+        port: u16,
+        gates: &str,
+    ) -> Result<Vec<String>, E2eError> {
+        let cert = self.authority.issue(name, user, None, Usage::Client)?;
+        let kubeconfig = self.component_kubeconfig(name, &cert)?;
+        let serving = self.dir.path.join("pki").join(format!("{name}-serving"));
+        Ok(vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", serving.display()),
+            "--leader-elect=false".into(),
+            format!("--feature-gates={gates}"),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ])
     }
 
     fn etcd_args(&self, ports: &ControlPlanePorts) -> Result<Vec<String>, E2eError> {

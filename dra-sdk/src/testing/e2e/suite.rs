@@ -233,17 +233,11 @@ impl Run<'_, '_> {
     }
 
     async fn create_class(&self) -> Result<(), E2eError> {
-        let mut selectors = vec![
-            json!({ "cel": { "expression": format!("device.driver == {:?}", self.suite.driver) } }),
-        ];
-        if let Some(cel) = &self.suite.selector {
-            selectors.push(json!({ "cel": { "expression": cel } }));
-        }
-        let class: DeviceClass = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": { "name": self.class },
-            "spec": { "selectors": selectors },
-        }))
+        let class = workload::device_class(
+            &self.class,
+            &self.suite.driver,
+            self.suite.selector.as_deref(),
+        )
         .map_err(|error| {
             super::io_error("building the DeviceClass")(std::io::Error::other(error))
         })?;
@@ -355,25 +349,21 @@ impl Run<'_, '_> {
         Ok(())
     }
 
-    fn claim_spec(&self, config: Option<&Value>) -> Value {
-        let mut devices = json!({
-            "requests": [{ "name": "dev", "exactly": { "deviceClassName": self.class, "count": 1 } }],
-        });
-        if let Some(parameters) = config {
-            devices["config"] = json!([{
-                "requests": ["dev"],
-                "opaque": { "driver": self.suite.driver, "parameters": parameters },
-            }]);
-        }
-        json!({ "devices": devices })
+    /// The opaque config entry for `parameters`, as a claim's `devices.config`.
+    fn config(&self, parameters: &Value) -> Value {
+        json!([{
+            "requests": ["dev"],
+            "opaque": { "driver": self.suite.driver, "parameters": parameters },
+        }])
     }
 
     async fn create_template(&self, name: &str, config: Option<&Value>) -> Result<(), Verdict> {
-        let template: ResourceClaimTemplate = object(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": { "name": name, "namespace": self.namespace },
-            "spec": { "spec": self.claim_spec(config) },
-        }))?;
+        let config = config.map(|parameters| self.config(parameters));
+        let template =
+            workload::claim_template(&self.namespace, name, &self.class, Value::Null, config)
+                .map_err(|error| {
+                    Verdict::Fail(format!("building ResourceClaimTemplate {name}: {error}"))
+                })?;
         Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.namespace)
             .create(&PostParams::default(), &template)
             .await
@@ -387,7 +377,7 @@ impl Run<'_, '_> {
         let claim: ResourceClaim = object(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": { "name": name, "namespace": self.namespace },
-            "spec": self.claim_spec(None),
+            "spec": { "devices": { "requests": [{ "name": "dev", "exactly": { "deviceClassName": self.class } }] } },
         }))?;
         Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
             .create(&PostParams::default(), &claim)

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     Container, Event, Pod, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
     ResourceRequirements,
 };
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -74,6 +75,61 @@ pub fn pod_using(
         }),
         status: None,
     }
+}
+
+/// A DeviceClass `name` selecting every device of `driver`, narrowed by `selector` (CEL) if
+/// given.
+///
+/// # Errors
+///
+/// Never for a valid name; built through JSON so that it is the same for every Kubernetes
+/// version of the API types (`spec` is optional in some).
+pub fn device_class(
+    name: &str,
+    driver: &str,
+    selector: Option<&str>,
+) -> Result<DeviceClass, serde_json::Error> {
+    let mut selectors = vec![
+        serde_json::json!({ "cel": { "expression": format!("device.driver == {driver:?}") } }),
+    ];
+    if let Some(expression) = selector {
+        selectors.push(serde_json::json!({ "cel": { "expression": expression } }));
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": { "name": name },
+        "spec": { "selectors": selectors },
+    }))
+}
+
+/// A ResourceClaimTemplate `namespace/name` whose claims have one request, `dev`, for one
+/// device of `class`, narrowed by the `exactly` fields given (`selectors`, `capacity`, `count`,
+/// ...; `deviceClassName` is set here), with `config` (the claim's `devices.config`) if given.
+///
+/// # Errors
+///
+/// When `exactly` or `config` hold fields that are not those of the API.
+pub fn claim_template(
+    namespace: &str,
+    name: &str,
+    class: &str,
+    exactly: serde_json::Value,
+    config: Option<serde_json::Value>,
+) -> Result<ResourceClaimTemplate, serde_json::Error> {
+    let mut exactly = match exactly {
+        serde_json::Value::Null => serde_json::json!({}),
+        other => other,
+    };
+    exactly["deviceClassName"] = serde_json::json!(class);
+    let mut devices = serde_json::json!({ "requests": [{ "name": "dev", "exactly": exactly }] });
+    if let Some(config) = config {
+        devices["config"] = config;
+    }
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": { "name": name, "namespace": namespace },
+        "spec": { "spec": { "devices": devices } },
+    }))
 }
 
 /// The pod's events, one line each: `<type> <reason>: <message>`.
