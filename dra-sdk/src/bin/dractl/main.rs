@@ -7,6 +7,8 @@
 //! failed); 2 for usage errors and when the plugin or the API server cannot be reached.
 
 mod cluster;
+mod explain;
+mod objects;
 mod plugin;
 
 use std::path::PathBuf;
@@ -91,6 +93,41 @@ enum Command {
         /// Only slices of this node (and slices without a node).
         #[arg(long)]
         node: Option<String>,
+    },
+    /// Explain why a claim can or cannot be allocated, device by device, and what it would
+    /// get (or, with only --node, what holds the node's devices). Read-only.
+    #[command(
+        after_help = "Exit codes: 0 allocatable (or allocated; always for --node alone), \
+        1 not allocatable, 2 usage, file or connection error."
+    )]
+    Explain {
+        /// The claim, as NAMESPACE/NAME (with -f: picks a claim or template of the file by
+        /// name).
+        claim: Option<String>,
+        /// A file with the ResourceClaim or ResourceClaimTemplate to explain (`-` for stdin).
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// Explain for this node only; without a claim, list the node's devices and what
+        /// holds them.
+        #[arg(long)]
+        node: Option<String>,
+        /// ResourceSlices from these YAML/JSON files or directories instead of the cluster
+        /// (repeatable). Any of --slices, --classes, --claims, --nodes reads nothing from the
+        /// cluster.
+        #[arg(long, value_name = "FILE_OR_DIR")]
+        slices: Vec<PathBuf>,
+        /// DeviceClasses from these files or directories (repeatable).
+        #[arg(long, value_name = "FILE_OR_DIR")]
+        classes: Vec<PathBuf>,
+        /// ResourceClaims (the allocated ones hold devices) from these files or directories
+        /// (repeatable).
+        #[arg(long, value_name = "FILE_OR_DIR")]
+        claims: Vec<PathBuf>,
+        /// Nodes (for their labels) from these files or directories (repeatable).
+        #[arg(long, value_name = "FILE_OR_DIR")]
+        nodes: Vec<PathBuf>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Run the conformance suite against a running plugin.
     Conformance {
@@ -263,6 +300,28 @@ async fn run(cli: Cli) -> anyhow::Result<Status> {
         Command::Slices { api, driver, node } => {
             let client = api.client().await?;
             cluster::slices(&client, driver.as_deref(), node.as_deref(), output).await
+        }
+        Command::Explain {
+            claim,
+            file,
+            node,
+            slices,
+            classes,
+            claims,
+            nodes,
+            api,
+        } => {
+            let args = explain::ExplainArgs {
+                claim,
+                file,
+                node,
+                slices,
+                classes,
+                claims,
+                nodes,
+                api,
+            };
+            explain::explain(args, output).await
         }
         Command::Conformance {
             socket,

@@ -312,11 +312,15 @@ fn attribute_values(attribute: &model::Attribute) -> Vec<AttributeValue> {
 /// A device allocation held by another claim.
 #[derive(Clone, Debug)]
 pub(crate) struct HeldDevice {
+    /// The claim's request (`request` or `request/subrequest`).
+    pub(crate) request: String,
     pub(crate) driver: String,
     pub(crate) pool: String,
     pub(crate) device: String,
     /// A share of a multi-allocatable device: what it consumes. `None` for exclusive use.
     pub(crate) share: Option<BTreeMap<String, Quantity>>,
+    /// The share's `shareID`.
+    pub(crate) share_id: Option<String>,
 }
 
 /// Another claim's allocation.
@@ -326,39 +330,51 @@ pub(crate) struct HeldClaim {
     pub(crate) namespace: Option<String>,
     pub(crate) name: String,
     pub(crate) devices: Vec<HeldDevice>,
+    /// Devices used with admin access, which hold nothing (only shown by explanations).
+    pub(crate) admin_devices: Vec<HeldDevice>,
 }
 
 impl HeldClaim {
     pub(crate) fn from_model(claim: &model::Claim) -> Option<Self> {
         let allocation = claim.status.allocation.as_ref()?;
-        let devices = allocation
+        let held = |result: &model::AllocatedDevice| HeldDevice {
+            request: result.request.clone(),
+            driver: result.driver.clone(),
+            pool: result.pool.clone(),
+            device: result.device.clone(),
+            share: result.share_id.as_ref().map(|_| {
+                result
+                    .consumed_capacity
+                    .iter()
+                    // An unparsable amount cannot have been accepted by the API server.
+                    .filter_map(|(name, text)| {
+                        Quantity::parse(text).ok().map(|q| (name.clone(), q))
+                    })
+                    .collect()
+            }),
+            share_id: result.share_id.clone(),
+        };
+        // Admin access does not take the device away from ordinary claims.
+        let (admin, devices): (Vec<_>, Vec<_>) = allocation
             .devices
             .results
             .iter()
-            // Admin access does not take the device away from ordinary claims.
-            .filter(|result| !result.admin_access.unwrap_or(false))
-            .map(|result| HeldDevice {
-                driver: result.driver.clone(),
-                pool: result.pool.clone(),
-                device: result.device.clone(),
-                share: result.share_id.as_ref().map(|_| {
-                    result
-                        .consumed_capacity
-                        .iter()
-                        // An unparsable amount cannot have been accepted by the API server.
-                        .filter_map(|(name, text)| {
-                            Quantity::parse(text).ok().map(|q| (name.clone(), q))
-                        })
-                        .collect()
-                }),
-            })
-            .collect();
+            .partition(|result| result.admin_access.unwrap_or(false));
         Some(Self {
             uid: claim.metadata.uid.clone(),
             namespace: claim.metadata.namespace.clone(),
             name: claim.metadata.name().to_owned(),
-            devices,
+            devices: devices.into_iter().map(held).collect(),
+            admin_devices: admin.into_iter().map(held).collect(),
         })
+    }
+
+    /// `namespace/name`, as messages name claims.
+    pub(crate) fn display_name(&self) -> String {
+        match &self.namespace {
+            Some(namespace) => format!("{namespace}/{}", self.name),
+            None => self.name.clone(),
+        }
     }
 
     /// Whether this is (a stale copy of) the claim being allocated.

@@ -113,6 +113,15 @@
 //! scheduler reports as an error too; guard such lookups with `has(...)` or `in`, or opt into
 //! treating them as "no match" with [`Allocator::tolerate_missing_attributes`].
 //!
+//! # Explanations
+//! [`Allocator::explain`] says why a claim gets, or does not get, devices on a node: for each
+//! request, every device of the cluster with a typed [`Verdict`] (chosen, available, or the
+//! first check that rules it out, with its details: the selector and its expression, the CEL
+//! error, the claims holding the device, the capacity or counters left and who holds them, the
+//! taint, the node it is published for), next to the outcome [`Allocator::allocate`] returns.
+//! The verdicts come from the same checks the search makes. [`Allocator::node_devices`] lists a
+//! node's devices with what holds them. `dractl explain` prints both.
+//!
 //! # Not modelled
 //! Scoring (the first fit wins), DeviceTaintRules, extended resources, binding condition
 //! timeouts and `allocationTimestamp`, and allocating several claims of a pod together: claims
@@ -120,6 +129,7 @@
 
 mod api;
 mod cel;
+mod explain;
 mod index;
 mod model;
 mod nodes;
@@ -135,6 +145,11 @@ use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClai
 use tracing::warn;
 
 pub use api::{AllocateClaimError, allocate_claim};
+pub use explain::{
+    CapacityUsage, CelStage, CounterHolder, CounterSetUsage, CounterUsage, DeviceExplanation,
+    Explanation, Holder, NodeDevice, NodeDevices, NodeMismatch, RequestExplanation, SelectorOwner,
+    SelectorRef, Verdict,
+};
 
 use index::{HeldClaim, PoolData};
 
@@ -239,20 +254,164 @@ impl Allocator {
         claim: &ResourceClaim,
         node_name: &str,
     ) -> Result<AllocationResult, AllocationError> {
-        let name = claim.metadata.name.as_deref().unwrap_or("");
-        let decoded: model::Claim =
-            model::decode(claim).map_err(|error| AllocationError::InvalidClaim {
-                claim: match &claim.metadata.namespace {
-                    Some(namespace) => format!("{namespace}/{name}"),
-                    None => name.to_owned(),
-                },
-                reason: format!("does not decode: {error}"),
-            })?;
+        let decoded = decode_claim(claim)?;
+        self.allocate_decoded(&decoded, node_name)
+    }
+
+    fn allocate_decoded(
+        &self,
+        decoded: &model::Claim,
+        node_name: &str,
+    ) -> Result<AllocationResult, AllocationError> {
         let span =
             tracing::debug_span!("allocate", claim = %decoded.display_name(), node = node_name);
         let _entered = span.enter();
-        let allocation = search::allocate(self, &decoded, node_name)?;
+        let allocation = search::allocate(self, decoded, node_name)?;
         serde_json::from_value(allocation).map_err(AllocationError::Encode)
+    }
+
+    /// Explains what [`allocate`](Self::allocate) does with the claim on the node: for each
+    /// request (and subrequest), every device of the cluster with the allocator's verdict (taken,
+    /// available, or the first reason that rules it out, with its details: the selector, the
+    /// claims holding it, the counters or capacity left, the taint), and `allocate`'s outcome.
+    /// Fails only when the claim does not decode, as `allocate` does.
+    ///
+    /// ```
+    /// use dra_sdk::testing::allocator::{Allocator, Verdict};
+    /// use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+    /// use serde_json::json;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let slice: ResourceSlice = serde_json::from_value(json!({
+    ///     "metadata": { "name": "node-a-gpus" },
+    ///     "spec": {
+    ///         "driver": "gpu.example.com", "nodeName": "node-a",
+    ///         "pool": { "name": "node-a", "generation": 1, "resourceSliceCount": 1 },
+    ///         "devices": [{ "name": "gpu-0", "attributes": { "model": { "string": "a100" } } }],
+    ///     },
+    /// }))?;
+    /// let class: DeviceClass = serde_json::from_value(json!({
+    ///     "metadata": { "name": "gpu" },
+    ///     "spec": { "selectors": [{ "cel": { "expression": "device.driver == 'gpu.example.com'" } }] },
+    /// }))?;
+    /// let claim: ResourceClaim = serde_json::from_value(json!({
+    ///     "metadata": { "name": "h100", "namespace": "default" },
+    ///     "spec": { "devices": { "requests": [{ "name": "gpu", "exactly": {
+    ///         "deviceClassName": "gpu",
+    ///         "selectors": [{ "cel": { "expression":
+    ///             "device.attributes['gpu.example.com'].model == 'h100'" } }],
+    ///     } }] } },
+    /// }))?;
+    ///
+    /// let explanation = Allocator::new(&[slice], &[class], &[]).explain(&claim, "node-a")?;
+    /// assert!(!explanation.allocatable());
+    /// let verdict = explanation.requests[0].verdict("gpu-0").unwrap();
+    /// assert!(matches!(verdict, Verdict::RequestSelectorFalse { index: 0, .. }));
+    /// assert_eq!(
+    ///     verdict.to_string(),
+    ///     "request selector #0 is false: device.attributes['gpu.example.com'].model == 'h100'"
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn explain(
+        &self,
+        claim: &ResourceClaim,
+        node_name: &str,
+    ) -> Result<Explanation, AllocationError> {
+        let decoded = decode_claim(claim)?;
+        let outcome = self.allocate_decoded(&decoded, node_name);
+        let mut requests = search::explain_requests(self, &decoded, node_name);
+        if let Ok(allocation) = &outcome {
+            mark_chosen(&mut requests, allocation);
+        }
+        Ok(Explanation {
+            claim: decoded.display_name(),
+            node: node_name.to_owned(),
+            requests,
+            outcome,
+        })
+    }
+
+    /// The devices available on the node, in the order the allocator tries them, with the
+    /// claims holding each (and their shares), what shares consume of their capacity, and what
+    /// is left of their pools' counter sets.
+    pub fn node_devices(&self, node_name: &str) -> NodeDevices {
+        search::node_devices(self, node_name)
+    }
+}
+
+fn decode_claim(claim: &ResourceClaim) -> Result<model::Claim, AllocationError> {
+    model::decode(claim).map_err(|error| {
+        let name = claim.metadata.name.as_deref().unwrap_or("");
+        AllocationError::InvalidClaim {
+            claim: match &claim.metadata.namespace {
+                Some(namespace) => format!("{namespace}/{name}"),
+                None => name.to_owned(),
+            },
+            reason: format!("does not decode: {error}"),
+        }
+    })
+}
+
+/// Marks the devices of the allocation as chosen for their request, and, for other requests
+/// that could have taken a device not shared, as chosen for another request.
+fn mark_chosen(requests: &mut [RequestExplanation], allocation: &AllocationResult) {
+    let results = serde_json::to_value(allocation)
+        .ok()
+        .and_then(|value| value.pointer("/devices/results").cloned())
+        .and_then(|results| match results {
+            serde_json::Value::Array(results) => Some(results),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let text = |result: &serde_json::Value, field: &str| {
+        result
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    for result in &results {
+        let (request, driver, pool, device) = (
+            text(result, "request"),
+            text(result, "driver"),
+            text(result, "pool"),
+            text(result, "device"),
+        );
+        let share_id = result
+            .get("shareID")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned);
+        let consumed_capacity: BTreeMap<String, String> = result
+            .get("consumedCapacity")
+            .and_then(serde_json::Value::as_object)
+            .into_iter()
+            .flatten()
+            .map(|(name, amount)| {
+                let amount = amount
+                    .as_str()
+                    .map_or_else(|| amount.to_string(), str::to_owned);
+                (name.clone(), amount)
+            })
+            .collect();
+        for explained in requests.iter_mut() {
+            let same_request = explained.request == request;
+            for entry in &mut explained.devices {
+                if entry.driver != driver || entry.pool != pool || entry.device != device {
+                    continue;
+                }
+                if same_request {
+                    entry.verdict = Verdict::Chosen {
+                        share_id: share_id.clone(),
+                        consumed_capacity: consumed_capacity.clone(),
+                    };
+                } else if share_id.is_none() && entry.verdict == Verdict::Available {
+                    entry.verdict = Verdict::ChosenForOtherRequest {
+                        request: request.clone(),
+                    };
+                }
+            }
+        }
     }
 }
 

@@ -307,6 +307,7 @@ pub(crate) struct AllocatedDevices {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub(crate) struct AllocatedDevice {
+    pub(crate) request: String,
     pub(crate) driver: String,
     pub(crate) pool: String,
     pub(crate) device: String,

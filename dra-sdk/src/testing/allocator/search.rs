@@ -14,6 +14,10 @@ use super::nodes::{NodeView, selector_matches};
 use super::quantity::Quantity;
 use super::{AllocationError, Allocator, RequestProblem, UnsatisfiableReason};
 
+mod verdicts;
+
+pub(crate) use verdicts::{explain_requests, node_devices};
+
 /// The most devices one claim's allocation may hold (`AllocationResultsMaxSize`).
 pub(crate) const MAX_RESULTS: usize = 32;
 
@@ -110,6 +114,39 @@ enum Blocked {
     Counters,
 }
 
+/// Why a matching device cannot be taken, with the details an explanation reports.
+#[derive(Clone, Debug)]
+pub(crate) enum Unavailable {
+    /// Held by another claim, or already by this one.
+    Allocated,
+    /// This taint is not tolerated.
+    Tainted(Box<model::Taint>),
+    /// The capacity does not serve the request.
+    Capacity(Box<CapacityShortfall>),
+    /// The pool's shared counters are used up.
+    Counters(Box<CounterShortfall>),
+}
+
+impl Unavailable {
+    fn blocked(&self) -> Blocked {
+        match self {
+            Unavailable::Allocated => Blocked::Allocated,
+            Unavailable::Tainted(_) => Blocked::Tainted,
+            Unavailable::Capacity(_) => Blocked::Capacity,
+            Unavailable::Counters(_) => Blocked::Counters,
+        }
+    }
+}
+
+/// A counter of a device's counter set that its pool has too little of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct CounterShortfall {
+    pub(crate) set: String,
+    pub(crate) counter: String,
+    pub(crate) needed: Quantity,
+    pub(crate) left: Quantity,
+}
+
 /// A device taken during the search.
 struct Chosen {
     slot: usize,
@@ -183,6 +220,46 @@ impl Selection<'_> {
         driver: &str,
         device: &DeviceData,
     ) -> Result<bool, AllocationError> {
+        match self.check_selectors(selectors, candidate, driver, device)? {
+            None => Ok(true),
+            Some(SelectorMiss::False { .. }) => Ok(false),
+            Some(SelectorMiss::Compile {
+                index,
+                expression,
+                message,
+            }) => Err(AllocationError::CelCompile {
+                owner: owner.to_owned(),
+                index,
+                expression: expression.to_owned(),
+                message,
+            }),
+            Some(SelectorMiss::Runtime { message, .. })
+                if self.tolerate_missing_attributes && message.starts_with("no such key") =>
+            {
+                Ok(false)
+            }
+            Some(SelectorMiss::Runtime {
+                index,
+                expression,
+                message,
+            }) => Err(AllocationError::CelRuntime {
+                owner: owner.to_owned(),
+                index,
+                expression: expression.to_owned(),
+                message,
+            }),
+        }
+    }
+
+    /// Evaluates the selectors in order and stops at the first that does not yield `true`.
+    /// `Err` only when there is no CEL environment.
+    fn check_selectors<'s>(
+        &mut self,
+        selectors: &'s [model::Selector],
+        candidate: usize,
+        driver: &str,
+        device: &DeviceData,
+    ) -> Result<Option<SelectorMiss<'s>>, AllocationError> {
         for (index, selector) in selectors.iter().enumerate() {
             // Presence was checked when the alternatives were built.
             let Some(cel) = &selector.cel else { continue };
@@ -192,42 +269,67 @@ impl Selection<'_> {
                     self.env_error.unwrap_or_default().to_owned(),
                 ));
             };
-            let program = self
+            let program = match self
                 .programs
                 .entry(expression.to_owned())
                 .or_insert_with(|| env.compile(expression))
-                .as_ref()
-                .map_err(|message| AllocationError::CelCompile {
-                    owner: owner.to_owned(),
-                    index,
-                    expression: expression.to_owned(),
-                    message: message.clone(),
-                })?;
-            let runtime_error = |message: String| AllocationError::CelRuntime {
-                owner: owner.to_owned(),
-                index,
-                expression: expression.to_owned(),
-                message,
+            {
+                Ok(program) => program,
+                Err(message) => {
+                    return Ok(Some(SelectorMiss::Compile {
+                        index,
+                        expression,
+                        message: message.clone(),
+                    }));
+                }
             };
-            let context = self
+            let context = match self
                 .contexts
                 .entry(candidate)
                 .or_insert_with(|| env.device_context(driver, &device.raw))
-                .as_ref()
-                .map_err(|message| runtime_error(message.clone()))?;
+            {
+                Ok(context) => context,
+                Err(message) => {
+                    return Ok(Some(SelectorMiss::Runtime {
+                        index,
+                        expression,
+                        message: message.clone(),
+                    }));
+                }
+            };
             match device_matches(program, context) {
                 Ok(true) => {}
-                Ok(false) => return Ok(false),
-                Err(message)
-                    if self.tolerate_missing_attributes && message.starts_with("no such key") =>
-                {
-                    return Ok(false);
+                Ok(false) => return Ok(Some(SelectorMiss::False { index, expression })),
+                Err(message) => {
+                    return Ok(Some(SelectorMiss::Runtime {
+                        index,
+                        expression,
+                        message,
+                    }));
                 }
-                Err(message) => return Err(runtime_error(message)),
             }
         }
-        Ok(true)
+        Ok(None)
     }
+}
+
+/// The first selector of a list that did not yield `true` for a device.
+#[derive(Debug)]
+enum SelectorMiss<'s> {
+    /// It evaluated to `false`.
+    False { index: usize, expression: &'s str },
+    /// It does not compile.
+    Compile {
+        index: usize,
+        expression: &'s str,
+        message: String,
+    },
+    /// It failed on this device (a missing attribute is `no such key: <name>`).
+    Runtime {
+        index: usize,
+        expression: &'s str,
+        message: String,
+    },
 }
 
 /// Everything fixed for one allocation.
@@ -299,30 +401,7 @@ pub(crate) fn allocate(
         labels: allocator.node_labels.get(node_name).unwrap_or(&no_labels),
     };
 
-    let mut candidates = Vec::new();
-    let mut pools_on_node = Vec::new();
-    for (pool_index, pool) in allocator.pools.iter().enumerate() {
-        let mut on_node = false;
-        for (slice_index, slice) in pool.slices.iter().enumerate() {
-            if !slice_targets_node(slice, node) {
-                continue;
-            }
-            on_node |= !slice.devices.is_empty();
-            for (device_index, device) in slice.devices.iter().enumerate() {
-                if slice.per_device && !device_targets_node(&device.raw, node) {
-                    continue;
-                }
-                candidates.push(Candidate {
-                    pool: pool_index,
-                    slice: slice_index,
-                    device: device_index,
-                });
-            }
-        }
-        if on_node {
-            pools_on_node.push(pool_index);
-        }
-    }
+    let (candidates, pools_on_node) = candidates_for(allocator, node);
 
     let mut slots = Vec::with_capacity(claim.spec.devices.requests.len());
     for request in &claim.spec.devices.requests {
@@ -474,6 +553,35 @@ pub(crate) fn allocate(
         });
     }
     search.result()
+}
+
+/// The devices for the node, in allocation order, and the pools with devices for it.
+fn candidates_for(allocator: &Allocator, node: NodeView<'_>) -> (Vec<Candidate>, Vec<usize>) {
+    let mut candidates = Vec::new();
+    let mut pools_on_node = Vec::new();
+    for (pool_index, pool) in allocator.pools.iter().enumerate() {
+        let mut on_node = false;
+        for (slice_index, slice) in pool.slices.iter().enumerate() {
+            if !slice_targets_node(slice, node) {
+                continue;
+            }
+            on_node |= !slice.devices.is_empty();
+            for (device_index, device) in slice.devices.iter().enumerate() {
+                if slice.per_device && !device_targets_node(&device.raw, node) {
+                    continue;
+                }
+                candidates.push(Candidate {
+                    pool: pool_index,
+                    slice: slice_index,
+                    device: device_index,
+                });
+            }
+        }
+        if on_node {
+            pools_on_node.push(pool_index);
+        }
+    }
+    (candidates, pools_on_node)
 }
 
 fn slice_targets_node(slice: &SliceData, node: NodeView<'_>) -> bool {
@@ -754,8 +862,12 @@ fn initial_state(problem: &Problem<'_>, constraints: Vec<ConstraintState>) -> St
     state
 }
 
-fn taint_prevents_allocation(device: &model::Device, tolerations: &[model::Toleration]) -> bool {
-    device.taints.iter().any(|taint| {
+/// The first taint of the device that keeps it from being allocated with these tolerations.
+fn untolerated_taint<'d>(
+    device: &'d model::Device,
+    tolerations: &[model::Toleration],
+) -> Option<&'d model::Taint> {
+    device.taints.iter().find(|taint| {
         // Only these effects keep devices from being allocated; unknown ones count as None.
         matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute")
             && !tolerations
@@ -785,23 +897,64 @@ fn tolerates(toleration: &model::Toleration, taint: &model::Taint) -> bool {
     }
 }
 
-/// What one share takes of each capacity, rounded up to the request policy; `None` when the
-/// policy forbids the amount or it does not fit next to `used`.
-fn share_consumption(
+/// Why a device's capacity does not serve a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CapacityShortfall {
+    /// The request asks for a capacity the device does not have.
+    Missing { capacity: String },
+    /// Without sharing: the device has less than requested.
+    TooSmall {
+        capacity: String,
+        requested: Quantity,
+        available: Quantity,
+    },
+    /// With sharing: the request policy does not allow the amount.
+    Policy {
+        capacity: String,
+        amount: Quantity,
+        reason: String,
+    },
+    /// With sharing: the amount does not fit next to the shares already taken.
+    Exhausted {
+        capacity: String,
+        needed: Quantity,
+        used: Quantity,
+        total: Quantity,
+    },
+}
+
+/// What one share takes of each capacity, rounded up to the request policy, or why the policy
+/// forbids the amount or it does not fit next to `used`.
+fn share_consumption_detail(
     requested: &BTreeMap<String, Quantity>,
     capacity: &BTreeMap<String, CapacityData>,
     used: &BTreeMap<String, Quantity>,
-) -> Option<BTreeMap<String, Quantity>> {
-    if requested.keys().any(|name| !capacity.contains_key(name)) {
-        return None;
+) -> Result<BTreeMap<String, Quantity>, CapacityShortfall> {
+    if let Some(name) = requested.keys().find(|name| !capacity.contains_key(*name)) {
+        return Err(CapacityShortfall::Missing {
+            capacity: name.clone(),
+        });
     }
     let mut consumption = BTreeMap::new();
     for (name, data) in capacity {
+        let policy = |amount: Quantity, reason: String| CapacityShortfall::Policy {
+            capacity: name.clone(),
+            amount,
+            reason,
+        };
         let amount = match requested.get(name) {
             None => data.default.unwrap_or(data.value),
             Some(&asked) => match (&data.range, &data.valid_values) {
                 (Some(range), _) => match range.step {
-                    Some(step) => asked.round_up_to_step(range.min, step)?,
+                    Some(step) => asked.round_up_to_step(range.min, step).ok_or_else(|| {
+                        policy(
+                            asked,
+                            format!(
+                                "cannot be rounded up to validRange.min {} plus a multiple of step {step}",
+                                range.min
+                            ),
+                        )
+                    })?,
                     None => asked.max(range.min),
                 },
                 (None, Some(values)) => values
@@ -812,31 +965,46 @@ fn share_consumption(
                 (None, None) => asked,
             },
         };
-        let allowed = data.default == Some(amount)
-            || match (&data.range, &data.valid_values) {
-                (Some(range), _) => {
-                    range.max.is_none_or(|max| amount <= max)
-                        && range
-                            .step
-                            .is_none_or(|step| amount.is_on_step(range.min, step))
-                }
-                (None, Some(values)) => values.contains(&amount),
-                (None, None) => true,
-            };
-        if !allowed {
-            return None;
+        let refusal = if data.default == Some(amount) {
+            None
+        } else {
+            match (&data.range, &data.valid_values) {
+                (Some(range), _) => match (range.max, range.step) {
+                    (Some(max), _) if amount > max => Some(format!("above validRange.max {max}")),
+                    (_, Some(step)) if !amount.is_on_step(range.min, step) => Some(format!(
+                        "not validRange.min {} plus a multiple of step {step}",
+                        range.min
+                    )),
+                    _ => None,
+                },
+                (None, Some(values)) if !values.contains(&amount) => Some(format!(
+                    "not one of validValues {}",
+                    values
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                _ => None,
+            }
+        };
+        if let Some(reason) = refusal {
+            return Err(policy(amount, reason));
         }
-        let total = used
-            .get(name)
-            .copied()
-            .unwrap_or_default()
-            .checked_add(amount)?;
+        let already = used.get(name).copied().unwrap_or_default();
+        let exhausted = || CapacityShortfall::Exhausted {
+            capacity: name.clone(),
+            needed: amount,
+            used: already,
+            total: data.value,
+        };
+        let total = already.checked_add(amount).ok_or_else(exhausted)?;
         if total > data.value {
-            return None;
+            return Err(exhausted());
         }
         consumption.insert(name.clone(), amount);
     }
-    Some(consumption)
+    Ok(consumption)
 }
 
 impl Search<'_> {
@@ -938,48 +1106,74 @@ impl Search<'_> {
         wanted: &Alternative<'_>,
         candidate: usize,
     ) -> Result<Option<BTreeMap<String, Quantity>>, Blocked> {
+        self.availability_detail(wanted, candidate)
+            .map_err(|unavailable| unavailable.blocked())
+    }
+
+    /// [`Self::availability`], saying why a device cannot be taken.
+    fn availability_detail(
+        &self,
+        wanted: &Alternative<'_>,
+        candidate: usize,
+    ) -> Result<Option<BTreeMap<String, Quantity>>, Unavailable> {
         let problem = self.problem;
         let device = problem.device(candidate);
         let state = &self.state;
         if wanted.admin {
             // Admin access ignores other claims, but one claim gets a device only once.
             if state.in_claim[candidate] > 0 {
-                return Err(Blocked::Allocated);
+                return Err(Unavailable::Allocated);
             }
         } else if device.multi {
             if state.taken_by_others[candidate] {
-                return Err(Blocked::Allocated);
+                return Err(Unavailable::Allocated);
             }
         } else if state.held_by_others[candidate] || state.in_claim[candidate] > 0 {
-            return Err(Blocked::Allocated);
+            return Err(Unavailable::Allocated);
         }
-        if taint_prevents_allocation(&device.raw, &wanted.tolerations) {
-            return Err(Blocked::Tainted);
+        if let Some(taint) = untolerated_taint(&device.raw, &wanted.tolerations) {
+            return Err(Unavailable::Tainted(Box::new(taint.clone())));
         }
         if device.multi && !wanted.admin {
-            let share = share_consumption(
+            let share = share_consumption_detail(
                 &wanted.capacity,
                 &device.capacity,
                 &state.shared_used[candidate],
             )
-            .ok_or(Blocked::Capacity)?;
-            if self.takes_counters(wanted, candidate) && !self.counters_fit(candidate) {
-                return Err(Blocked::Counters);
+            .map_err(|shortfall| Unavailable::Capacity(Box::new(shortfall)))?;
+            if self.takes_counters(wanted, candidate)
+                && let Some(shortfall) = self.counters_shortfall(candidate)
+            {
+                return Err(Unavailable::Counters(Box::new(shortfall)));
             }
             return Ok(Some(share));
         }
         // Without sharing, requested capacity only filters: the device must have that much.
-        let enough = wanted.capacity.iter().all(|(name, asked)| {
-            device
-                .capacity
-                .get(name)
-                .is_some_and(|data| data.value >= *asked)
-        });
-        if !enough {
-            return Err(Blocked::Capacity);
+        for (name, asked) in &wanted.capacity {
+            match device.capacity.get(name) {
+                None => {
+                    return Err(Unavailable::Capacity(Box::new(
+                        CapacityShortfall::Missing {
+                            capacity: name.clone(),
+                        },
+                    )));
+                }
+                Some(data) if data.value < *asked => {
+                    return Err(Unavailable::Capacity(Box::new(
+                        CapacityShortfall::TooSmall {
+                            capacity: name.clone(),
+                            requested: *asked,
+                            available: data.value,
+                        },
+                    )));
+                }
+                Some(_) => {}
+            }
         }
-        if self.takes_counters(wanted, candidate) && !self.counters_fit(candidate) {
-            return Err(Blocked::Counters);
+        if self.takes_counters(wanted, candidate)
+            && let Some(shortfall) = self.counters_shortfall(candidate)
+        {
+            return Err(Unavailable::Counters(Box::new(shortfall)));
         }
         Ok(None)
     }
@@ -992,22 +1186,26 @@ impl Search<'_> {
             && self.state.in_claim[candidate] == 0
     }
 
-    fn counters_fit(&self, candidate: usize) -> bool {
+    /// The first counter the device consumes more of than its pool has left.
+    fn counters_shortfall(&self, candidate: usize) -> Option<CounterShortfall> {
         let pool = self.problem.candidates[candidate].pool;
-        let Some(left) = self.state.counters_left.get(&pool) else {
-            return false;
-        };
-        self.problem
-            .device(candidate)
-            .counters
-            .iter()
-            .all(|(set, counters)| {
-                counters.iter().all(|(name, amount)| {
-                    left.get(set)
-                        .and_then(|s| s.get(name))
-                        .is_some_and(|have| have >= amount)
-                })
-            })
+        let left = self.state.counters_left.get(&pool);
+        for (set, counters) in &self.problem.device(candidate).counters {
+            for (name, amount) in counters {
+                let have = left
+                    .and_then(|left| left.get(set))
+                    .and_then(|s| s.get(name));
+                if have.is_none_or(|have| have < amount) {
+                    return Some(CounterShortfall {
+                        set: set.clone(),
+                        counter: name.clone(),
+                        needed: *amount,
+                        left: have.copied().unwrap_or(Quantity::ZERO),
+                    });
+                }
+            }
+        }
+        None
     }
 
     fn adjust_counters(&mut self, candidate: usize, take: bool) {
@@ -1422,7 +1620,9 @@ mod tests {
             .collect();
         let capacities = BTreeMap::from([("bw".to_owned(), data)]);
         let used = BTreeMap::from([("bw".to_owned(), q(used))]);
-        share_consumption(&requested, &capacities, &used).map(|c| c["bw"].to_string())
+        share_consumption_detail(&requested, &capacities, &used)
+            .ok()
+            .map(|c| c["bw"].to_string())
     }
 
     #[test]
