@@ -12,12 +12,21 @@
 //! cargo build --profile dist -p mock-gpu --no-default-features --bin mock-gpu-kubelet-plugin
 //! MOCK_GPU_PLUGIN=target/dist/mock-gpu-kubelet-plugin cargo bench -p mock-gpu --bench startup
 //! ```
+//!
+//! With `DRA_E2E_K8S_BIN` naming the Kubernetes binaries (see docs/testing.md) it then measures
+//! the same against a real API server and kubelet (`dra_sdk::testing::e2e`), side by side with
+//! the upstream Go test driver (`dra-test-driver` of that directory) in the same run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use dra_sdk::testing::cluster::TestCluster;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use dra_sdk::testing::e2e::RealCluster;
+use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use mock_gpu::testing::plugin_command;
 
 /// `VmRSS`, `RssAnon` and `RssFile` of a process, in KiB.
@@ -117,18 +126,37 @@ async fn main() {
         let _ = child.kill();
         let _ = child.wait();
     }
+    report("fake API server", "mock-gpu-kubelet-plugin", startups, rss);
+    let top: Vec<String> = mappings
+        .iter()
+        .take(6)
+        .map(|(name, kib)| format!("{name} {:.1}", mib(*kib)))
+        .collect();
+    println!("resident MiB by mapping (last run): {}", top.join(", "));
+
+    if let Some(dir) = std::env::var_os("DRA_E2E_K8S_BIN") {
+        against_real_components(Path::new(&dir), &binary, idle).await;
+    } else {
+        println!("real API server and kubelet: skipped (DRA_E2E_K8S_BIN is not set)");
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+fn report(server: &str, plugin: &str, mut startups: Vec<Duration>, mut rss: Vec<[u64; 3]>) {
     startups.sort();
     rss.sort_by_key(|[total, ..]| *total);
     println!(
-        "process start to first ResourceSlice: median {:?} (min {:?}, max {:?})",
+        "{plugin}, {server}: process start to first ResourceSlice: median {:?} (min {:?}, max {:?})",
         startups[startups.len() / 2],
         startups[0],
         startups[startups.len() - 1]
     );
-    let mib = |kib: u64| kib as f64 / 1024.0;
     let [total, anon, file] = rss[rss.len() / 2];
     println!(
-        "idle resident memory with 8 devices: median {:.1} MiB (min {:.1}, max {:.1}); \
+        "{plugin}, {server}: idle resident memory with 8 devices: median {:.1} MiB (min {:.1}, max {:.1}); \
          of the median, {:.1} MiB anonymous (heap, stacks), {:.1} MiB file-backed (the executable)",
         mib(total),
         mib(rss[0][0]),
@@ -136,10 +164,234 @@ async fn main() {
         mib(anon),
         mib(file),
     );
-    let top: Vec<String> = mappings
-        .iter()
-        .take(6)
-        .map(|(name, kib)| format!("{name} {:.1}", mib(*kib)))
-        .collect();
-    println!("resident MiB by mapping (last run): {}", top.join(", "));
+}
+
+/// Both plugins, one after the other in each of 5 rounds, on `node-1` of a real cluster: they
+/// register with its kubelet and publish to its API server. Their slices are deleted between
+/// runs so each start publishes afresh.
+async fn against_real_components(dir: &Path, ours: &Path, idle: Duration) {
+    let cluster = RealCluster::builder(dir)
+        .start()
+        .await
+        .expect("e2e cluster");
+    let client = cluster.client().await.expect("client");
+    let node = cluster.node("node-1").expect("node-1");
+    let kubeconfig = cluster.kubeconfig().display().to_string();
+    let registrar = node.registrar_dir().display().to_string();
+    let plugins = node.plugins_dir().display().to_string();
+    let cdi = node.cdi_root().display().to_string();
+    let go_driver = "test-driver.cdi.k8s.io";
+    std::fs::create_dir_all(node.plugins_dir().join(go_driver)).expect("Go driver's socket dir");
+    let ours_args: Vec<String> = [
+        "--kubeconfig",
+        &kubeconfig,
+        "--node-name",
+        "node-1",
+        "--num-devices",
+        "8",
+        "--kubelet-registrar-directory-path",
+        &registrar,
+        "--kubelet-plugins-directory-path",
+        &plugins,
+        "--cdi-root",
+        &cdi,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let go_args: Vec<String> = [
+        "--kubeconfig",
+        &kubeconfig,
+        "kubelet-plugin",
+        "--node-name",
+        "node-1",
+        "--num-devices",
+        "8",
+        "--plugin-registration-path",
+        &registrar,
+        "--datadir",
+        &plugins,
+        "--cdi-dir",
+        &cdi,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let plugins: [(&str, PathBuf, &[String], &str); 2] = [
+        (
+            "mock-gpu-kubelet-plugin",
+            ours.to_owned(),
+            &ours_args,
+            mock_gpu::DEFAULT_DRIVER_NAME,
+        ),
+        (
+            "dra-test-driver (Go)",
+            dir.join("dra-test-driver"),
+            &go_args,
+            go_driver,
+        ),
+    ];
+    let slices = Api::<ResourceSlice>::all(client);
+    let mut results: Vec<(Vec<Duration>, Vec<[u64; 3]>)> = vec![Default::default(); 2];
+    for _ in 0..5 {
+        for (i, (name, program, args, driver)) in plugins.iter().enumerate() {
+            let by_driver = ListParams::default().fields(&format!("spec.driver={driver}"));
+            let started = Instant::now();
+            let mut process = cluster
+                .spawn_program(&name.replace(' ', "-"), program, args)
+                .expect("spawn");
+            while slices
+                .list(&by_driver)
+                .await
+                .expect("list")
+                .items
+                .is_empty()
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "{name}: no slice after 30 s"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            results[i].0.push(started.elapsed());
+            tokio::time::sleep(idle).await;
+            results[i]
+                .1
+                .push(process.pid().and_then(rss_kib).unwrap_or_default());
+            process.stop();
+            slices
+                .delete_collection(&DeleteParams::default(), &by_driver)
+                .await
+                .expect("delete slices");
+            while !slices
+                .list(&by_driver)
+                .await
+                .expect("list")
+                .items
+                .is_empty()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    for ((name, ..), (startups, rss)) in plugins.iter().zip(results) {
+        report("real v1.36 API server and kubelet", name, startups, rss);
+    }
+
+    // Prepare as the real kubelet sees it: both plugins running, pods one after the other,
+    // the time between the kubelet's "Calling NodePrepareResources rpc" and "Done calling"
+    // log lines for each driver.
+    let mut running = Vec::new();
+    for (name, program, args, _) in &plugins {
+        running.push(
+            cluster
+                .spawn_program(&name.replace(' ', "-"), program, args)
+                .expect("spawn"),
+        );
+    }
+    let client = cluster.client().await.expect("client");
+    let namespace = cluster.create_namespace("bench").await.expect("namespace");
+    for (_, _, _, driver) in &plugins {
+        let by_driver = ListParams::default().fields(&format!("spec.driver={driver}"));
+        while slices
+            .list(&by_driver)
+            .await
+            .expect("list")
+            .items
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        node.wait_for_registration(driver, 0, Duration::from_secs(30))
+            .await
+            .expect("registered");
+        make_class_and_template(&client, &namespace, driver).await;
+    }
+    for round in 0..PODS {
+        for (_, _, _, driver) in &plugins {
+            let pod_name = format!("{}-{round}", driver.split('.').next().unwrap_or("pod"));
+            let pod = workload::pod_using(
+                &namespace,
+                &pod_name,
+                "node-1",
+                &ClaimSource::Template((*driver).to_owned()),
+                &["ctr"],
+            );
+            Api::<Pod>::namespaced(client.clone(), &namespace)
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("pod");
+            workload::wait_for_pod_running(&client, &namespace, &pod_name, Duration::from_secs(30))
+                .await
+                .expect("running");
+            workload::delete_pods(&client, &namespace, &[&pod_name], Duration::from_secs(30))
+                .await
+                .expect("deleted");
+        }
+    }
+    let log = std::fs::read_to_string(node.kubelet_log_path().expect("kubelet log")).expect("log");
+    for (name, _, _, driver) in &plugins {
+        let mut times = kubelet_prepare_times(&log, driver);
+        times.sort();
+        if times.is_empty() {
+            println!("{name}: no NodePrepareResources in the kubelet's log");
+            continue;
+        }
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        println!(
+            "{name}: NodePrepareResources of 1 claim as the real kubelet times it ({} pods): \
+             p50 {:?}, p90 {:?}, max {:?}",
+            times.len(),
+            at(0.5),
+            at(0.9),
+            times[times.len() - 1]
+        );
+    }
+    drop(running);
+}
+
+/// Pods per driver for the kubelet-side prepare figures.
+const PODS: usize = 20;
+
+async fn make_class_and_template(client: &kube::Client, namespace: &str, driver: &str) {
+    let class = format!("bench.{driver}");
+    Api::<DeviceClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &workload::device_class(&class, driver, None).unwrap(),
+        )
+        .await
+        .expect("create class");
+    let template =
+        workload::claim_template(namespace, driver, &class, serde_json::Value::Null, None)
+            .expect("template");
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("create template");
+}
+
+/// The durations between the kubelet's "Calling NodePrepareResources rpc" line and the next
+/// "Done calling NodePrepareResources rpc" line of `driver` (klog time stamps, microseconds).
+fn kubelet_prepare_times(log: &str, driver: &str) -> Vec<Duration> {
+    let stamp = |line: &str| -> Option<f64> {
+        // I1125 03:38:13.723916 ...
+        let time = line.split_whitespace().nth(1)?;
+        let mut parts = time.split(':');
+        let hours: f64 = parts.next()?.parse().ok()?;
+        let minutes: f64 = parts.next()?.parse().ok()?;
+        let seconds: f64 = parts.next()?.parse().ok()?;
+        Some(hours * 3600.0 + minutes * 60.0 + seconds)
+    };
+    let driver = format!("driverName=\"{driver}\"");
+    let mut started = None;
+    let mut times = Vec::new();
+    for line in log.lines().filter(|line| line.contains(&driver)) {
+        if line.contains("\"Calling NodePrepareResources rpc\"") {
+            started = stamp(line);
+        } else if line.contains("\"Done calling NodePrepareResources rpc\"")
+            && let (Some(start), Some(end)) = (started.take(), stamp(line))
+        {
+            times.push(Duration::from_secs_f64((end - start).max(0.0)));
+        }
+    }
+    times
 }
