@@ -17,7 +17,9 @@ use dra_sdk::slices::{
     ResourceSlicePublisher, TaintEffect,
 };
 use dra_sdk::testing::e2e::workload::{self, ClaimSource};
-use dra_sdk::testing::e2e::{RealCluster, ServedVersions, binaries_or_skip, suite::E2eSuite};
+use dra_sdk::testing::e2e::{
+    KubeletNode, RealCluster, Registration, ServedVersions, binaries_or_skip, suite::E2eSuite,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::Api;
@@ -101,6 +103,30 @@ async fn sdk_driver_passes_the_e2e_suite() {
     plugin.shutdown().await.unwrap();
 }
 
+/// Waits for registration number `seen + 1` of `driver` by the node's kubelet and checks
+/// that the kubelet chose the v1 DRA service.
+async fn registered_v1(node: &KubeletNode, driver: &str, seen: usize) -> Registration {
+    let registration = node
+        .wait_for_registration(driver, seen, TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(
+        registration.chosen_service, "v1.DRAPlugin",
+        "{registration:?}"
+    );
+    registration
+}
+
+/// A pod with a claim of `driver` runs on `node` and is unprepared when deleted.
+async fn a_pod_runs(cluster: &RealCluster, node: &str, driver: &str) {
+    E2eSuite::new(cluster, node, driver)
+        .only(["pod-runs"])
+        .run()
+        .await
+        .unwrap()
+        .assert_all_passed();
+}
+
 /// The real kubelet registers the plugin (v1 chosen), again after its own restart and after
 /// the plugin's restart, and pods still get devices afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,33 +138,16 @@ async fn registration_survives_kubelet_and_plugin_restarts() {
     let driver = "restart.gpu.example.com";
     let node = cluster.node("node-2").unwrap();
     let plugin = start_plugin(cluster, "node-2", driver, gpus_on("node-2", 2), None).await;
-    let first = node
-        .wait_for_registration(driver, 0, TIMEOUT)
-        .await
-        .unwrap();
-    assert_eq!(first.chosen_service, "v1.DRAPlugin");
+    registered_v1(node, driver, 0).await;
 
     cluster.restart_kubelet("node-2").await.unwrap();
-    let second = node
-        .wait_for_registration(driver, 1, TIMEOUT)
-        .await
-        .unwrap();
-    assert_eq!(second.chosen_service, "v1.DRAPlugin");
+    registered_v1(node, driver, 1).await;
 
     plugin.shutdown().await.unwrap();
     let plugin = start_plugin(cluster, "node-2", driver, gpus_on("node-2", 2), None).await;
-    let third = node
-        .wait_for_registration(driver, 2, TIMEOUT)
-        .await
-        .unwrap();
-    assert_eq!(third.chosen_service, "v1.DRAPlugin");
+    registered_v1(node, driver, 2).await;
 
-    let report = E2eSuite::new(cluster, "node-2", driver)
-        .only(["pod-runs"])
-        .run()
-        .await
-        .unwrap();
-    report.assert_passed();
+    a_pod_runs(cluster, "node-2", driver).await;
     plugin.shutdown().await.unwrap();
 }
 
@@ -154,49 +163,28 @@ async fn rolling_update_with_two_instances() {
     let driver = "rolling.gpu.example.com";
     let node = cluster.node("node-2").unwrap();
     let seen = node.registrations(driver).len();
-    let old = start_plugin(
-        cluster,
-        "node-2",
-        driver,
-        gpus_on("node-2", 2),
-        Some("pod-old"),
-    )
-    .await;
-    node.wait_for_registration(driver, seen, TIMEOUT)
+    let instance = async |pod_uid: &str| {
+        start_plugin(
+            cluster,
+            "node-2",
+            driver,
+            gpus_on("node-2", 2),
+            Some(pod_uid),
+        )
         .await
-        .unwrap();
-    let new = start_plugin(
-        cluster,
-        "node-2",
-        driver,
-        gpus_on("node-2", 2),
-        Some("pod-new"),
-    )
-    .await;
-    let registration = node
-        .wait_for_registration(driver, seen + 1, TIMEOUT)
-        .await
-        .unwrap();
-    assert!(
-        registration.endpoint.contains("pod-new")
-            || registration.endpoint != node.registrations(driver)[seen].endpoint,
-        "the second instance registered its own endpoint: {registration:?}"
+    };
+    let old = instance("pod-old").await;
+    let first = registered_v1(node, driver, seen).await;
+    let new = instance("pod-new").await;
+    let second = registered_v1(node, driver, seen + 1).await;
+    assert_ne!(
+        first.endpoint, second.endpoint,
+        "each instance registers its own DRA socket"
     );
 
-    let both = E2eSuite::new(cluster, "node-2", driver)
-        .only(["pod-runs"])
-        .run()
-        .await
-        .unwrap();
-    both.assert_passed();
-
+    a_pod_runs(cluster, "node-2", driver).await;
     old.shutdown().await.unwrap();
-    let after = E2eSuite::new(cluster, "node-2", driver)
-        .only(["pod-runs"])
-        .run()
-        .await
-        .unwrap();
-    after.assert_passed();
+    a_pod_runs(cluster, "node-2", driver).await;
     new.shutdown().await.unwrap();
 }
 
