@@ -1,0 +1,10 @@
+//! The NVIDIA GPU DRA driver, built on [`dra_sdk`]: full GPUs, static MIG devices and VFIO
+//! passthrough, discovered through NVML (feature `nvml`) or a mock backend described by a
+//! hardware profile, so that everything runs on machines without a GPU.
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod cdi;
+pub mod config;
+pub mod devices;
+pub mod host;
