@@ -240,6 +240,7 @@ mod raw {
     use dra_sdk::proto::pluginregistration as reg;
     use dra_sdk::proto::{dra_v1, dra_v1beta1};
     use dra_sdk::tonic::{self, Request, Response, Status};
+    use futures::TryStreamExt;
     use k8s_openapi::api::resource::v1::ResourceClaim;
     use kube::Api;
     use serde_json::Value;
@@ -453,9 +454,12 @@ mod raw {
                 .add_service(reg::registration_server::RegistrationServer::new(
                     Registration { endpoint: dra },
                 ))
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(
-                    registration_listener,
-                )),
+                // A stock tonic server cannot be registered by a real kubelet (nor by the
+                // simulator, which sends the same percent-encoded `:authority`).
+                .serve_with_incoming(
+                    tokio_stream::wrappers::UnixListenerStream::new(registration_listener)
+                        .map_ok(dra_sdk::plugin::authority::AuthorityRewriteStream::new),
+                ),
         );
         registration
     }

@@ -176,10 +176,21 @@ impl<S> AuthorityRewriteStream<S> {
     pub fn new(inner: S) -> Self {
         Self {
             inner,
-            rewriter: Rewriter::new(),
+            rewriter: Rewriter::new(REWRITTEN_AUTHORITY.to_vec()),
             scratch: vec![0; 8 * 1024].into_boxed_slice(),
             failure: None,
         }
+    }
+
+    /// Like [`AuthorityRewriteStream::new`], but writes `authority` instead of `localhost`.
+    ///
+    /// The kubelet simulator uses it the other way round, on its client side, to send the
+    /// percent-encoded socket path the real kubelet sends (which `http::Uri`, and so tonic's
+    /// client, refuses to build).
+    pub(crate) fn with_authority(inner: S, authority: impl Into<Vec<u8>>) -> Self {
+        let mut stream = Self::new(inner);
+        stream.rewriter.authority = authority.into();
+        stream
     }
 }
 
@@ -317,10 +328,12 @@ struct Rewriter {
     /// client's encoder assumes when it refers back to earlier headers.
     decoder: loona_hpack::Decoder<'static>,
     block: Option<PendingBlock>,
+    /// What every `:authority` is replaced with.
+    authority: Vec<u8>,
 }
 
 impl Rewriter {
-    fn new() -> Self {
+    fn new(authority: Vec<u8>) -> Self {
         let mut decoder = loona_hpack::Decoder::new();
         // Refuse size updates beyond what the server ever allowed the client.
         decoder.set_max_allowed_table_size(HPACK_TABLE_SIZE);
@@ -330,6 +343,7 @@ impl Rewriter {
             output: BytesMut::new(),
             decoder,
             block: None,
+            authority,
         }
     }
 
@@ -519,9 +533,10 @@ impl Rewriter {
                 tracing::debug!(
                     stream_id,
                     authority = %String::from_utf8_lossy(value),
-                    "rewriting HTTP/2 :authority of a registration request to localhost"
+                    replacement = %String::from_utf8_lossy(&self.authority),
+                    "rewriting HTTP/2 :authority of a registration request"
                 );
-                *value = REWRITTEN_AUTHORITY.to_vec();
+                value.clone_from(&self.authority);
             }
         }
         Ok(headers)
@@ -780,7 +795,7 @@ mod tests {
     fn rewrite_chunks<'a>(
         chunks: impl IntoIterator<Item = &'a [u8]>,
     ) -> Result<Vec<u8>, AuthorityError> {
-        let mut rewriter = Rewriter::new();
+        let mut rewriter = Rewriter::new(REWRITTEN_AUTHORITY.to_vec());
         let mut out = Vec::new();
         for chunk in chunks {
             rewriter.feed(chunk)?;

@@ -19,10 +19,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::Channel;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::driver::ClaimRef;
 use crate::health::HealthStatus;
+use crate::plugin::authority::AuthorityRewriteStream;
 use crate::proto::health_v1alpha1 as health_pb;
 use crate::proto::pluginregistration as reg_pb;
 use crate::proto::{dra_v1, dra_v1beta1};
@@ -250,7 +252,7 @@ impl KubeletSimulator {
     /// Only `GetInfo`, with the kubelet's timeouts, without telling the plugin anything: for
     /// looking at a plugin that a real kubelet may have registered.
     pub async fn get_info(&self, socket: &Path) -> Result<reg_pb::PluginInfo, KubeletError> {
-        let channel = dial(socket).await?;
+        let channel = dial_registration(socket).await?;
         let mut client = reg_pb::registration_client::RegistrationClient::new(channel);
         Ok(with_timeout(
             "GetInfo",
@@ -269,7 +271,7 @@ impl KubeletSimulator {
 
     /// Runs the registration handshake: `GetInfo`, validation, `NotifyRegistrationStatus`.
     pub async fn register(&self, socket: &Path) -> Result<RegisteredPlugin, KubeletError> {
-        let channel = dial(socket).await?;
+        let channel = dial_registration(socket).await?;
         let mut client = reg_pb::registration_client::RegistrationClient::new(channel);
         let info = with_timeout(
             "GetInfo",
@@ -488,8 +490,57 @@ fn check_keys<'a>(
     Ok(())
 }
 
+/// Dials a registration socket the way the kubelet's plugin manager does: by its bare path,
+/// for which grpc-go sends the percent-encoded path as the HTTP/2 `:authority`
+/// (`%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2F...`).
+///
+/// tonic's client cannot send such an authority (`http::Uri` refuses `%` in a host), so the
+/// channel talks to an in-memory pipe and a forwarding task rewrites its header blocks on the
+/// way to the socket, with the same HPACK rewriter the plugin runs on its side.
+async fn dial_registration(socket: &Path) -> Result<Channel, KubeletError> {
+    let path = socket.to_path_buf();
+    let authority = kubelet_authority(socket);
+    let endpoint = Endpoint::from_static("http://localhost");
+    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: http::Uri| {
+        let path = path.clone();
+        let authority = authority.clone();
+        async move {
+            let mut socket = tokio::net::UnixStream::connect(path).await?;
+            let (client_end, forwarder_end) = tokio::io::duplex(64 * 1024);
+            let mut rewritten = AuthorityRewriteStream::with_authority(forwarder_end, authority);
+            tokio::spawn(async move {
+                // Ends when either side closes; errors are the connection's end.
+                let _ = tokio::io::copy_bidirectional(&mut rewritten, &mut socket).await;
+            });
+            Ok::<_, std::io::Error>(TokioIo::new(client_end))
+        }
+    }));
+    finish_dial(socket, connect).await
+}
+
+/// The `:authority` grpc-go derives from a bare socket path: the path with every byte outside
+/// RFC 3986's unreserved set percent-encoded.
+fn kubelet_authority(socket: &Path) -> Vec<u8> {
+    let mut encoded = Vec::new();
+    for &byte in socket.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(byte);
+        } else {
+            encoded.extend_from_slice(format!("%{byte:02X}").as_bytes());
+        }
+    }
+    encoded
+}
+
 async fn dial(socket: &Path) -> Result<Channel, KubeletError> {
-    match tokio::time::timeout(DIAL_TIMEOUT, crate::plugin::unix_channel(socket)).await {
+    finish_dial(socket, crate::plugin::unix_channel(socket)).await
+}
+
+async fn finish_dial(
+    socket: &Path,
+    connect: impl std::future::Future<Output = Result<Channel, tonic::transport::Error>>,
+) -> Result<Channel, KubeletError> {
+    match tokio::time::timeout(DIAL_TIMEOUT, connect).await {
         Ok(Ok(channel)) => Ok(channel),
         Ok(Err(source)) => Err(KubeletError::Dial {
             socket: socket.to_path_buf(),
@@ -511,5 +562,22 @@ async fn with_timeout<T>(
         Ok(Ok(response)) => Ok(response),
         Ok(Err(status)) => Err(KubeletError::Rpc { call, status }),
         Err(_) => Err(KubeletError::Timeout { call, timeout }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authority_is_the_percent_encoded_path_like_the_recorded_kubelet() {
+        // What kubelet v1.36.2 sent in ../shared/reference/fixtures/kubelet-registration-v1.36.2.h2.
+        let authority = kubelet_authority(Path::new(
+            "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock",
+        ));
+        assert_eq!(
+            String::from_utf8(authority).unwrap(),
+            "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fgpu.example.com-reg.sock"
+        );
     }
 }
