@@ -1,0 +1,193 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+driverVersion: "580.126.20"
+cudaDriverVersion: "13.0"
+migProfileTables:
+  t:
+    - { id: 19, name: 1g.10gb, sliceCount: 1, maxInstances: 7, memoryMiB: 9728, multiprocessors: 14, copyEngines: 1, decoders: 0, encoders: 0, jpegEngines: 0, ofaEngines: 0, placements: "{0,1,2,3,4,5,6}:1" }
+    - { id: 9, name: 3g.40gb, sliceCount: 3, maxInstances: 2, memoryMiB: 40192, multiprocessors: 42, copyEngines: 3, decoders: 2, encoders: 0, jpegEngines: 0, ofaEngines: 0, placements: "{0,4}:4" }
+models:
+  m: { productName: X, brand: Nvidia, architecture: Ampere, computeCapability: "8.0", memoryMiB: 81920, pciDeviceId: "0x20b2", migProfiles: t }
+gpus:
+  - model: m
+    pciBusId: "0000:07:00.0"
+    migMode: enabled
+    migDevices:
+"#;
+
+fn with_devices(devices: &str) -> Result<MockBackend, ProfileError> {
+    MockBackend::from_yaml("test.yaml", &format!("{MINIMAL}{devices}"))
+}
+
+fn invalid_field(error: ProfileError) -> String {
+    match error {
+        ProfileError::Invalid { field, .. } => field,
+        other => panic!("expected Invalid, got {other}"),
+    }
+}
+
+#[test]
+fn every_shipped_profile_loads() {
+    let backends = MockBackend::shipped().unwrap();
+    let names: Vec<_> = backends.iter().map(MockBackend::profile_name).collect();
+    assert_eq!(names, ["dgx-a100", "dgx-h100", "mixed", "workstation"]);
+}
+
+#[test]
+fn profiles_by_name_and_by_path() {
+    assert_eq!(
+        MockBackend::from_profile("dgx-a100").unwrap().name(),
+        "mock:dgx-a100"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("my-node.yaml");
+    std::fs::write(&path, format!("{MINIMAL}      []\n")).unwrap();
+    let backend = MockBackend::from_profile(path.to_str().unwrap()).unwrap();
+    assert_eq!(backend.profile_name(), "my-node");
+    let error = MockBackend::from_profile("dgx-z100").unwrap_err();
+    assert!(matches!(error, ProfileError::NotFound { .. }));
+    assert!(
+        error
+            .to_string()
+            .contains("dgx-a100, dgx-h100, mixed, workstation"),
+        "{error}"
+    );
+}
+
+#[test]
+fn parse_errors_name_the_file_and_the_field() {
+    let error = MockBackend::from_yaml(
+        "bad.yaml",
+        "driverVersion: 1\ncudaDriverVersion: \"13.0\"\nmodels: {}\ngpus: []\nextra: 1\n",
+    )
+    .unwrap_err();
+    let message = error.to_string();
+    assert!(message.starts_with("mock profile bad.yaml:"), "{message}");
+    assert!(message.contains("extra"), "{message}");
+    let error = MockBackend::from_yaml(
+        "bad.yaml",
+        &MINIMAL.replace("migMode: enabled", "migMode: enabled\n    numaNode: three"),
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("numaNode"), "{error}");
+}
+
+#[test]
+fn mig_devices_must_sit_on_a_placement_of_their_profile() {
+    let error =
+        with_devices("      - { profile: 3g.40gb, placement: 2, gpuInstanceId: 1 }\n").unwrap_err();
+    let message = error.to_string();
+    assert_eq!(invalid_field(error), "gpus[0].migDevices[0].placement");
+    assert!(message.contains("possible: 0:4, 4:4"), "{message}");
+}
+
+#[test]
+fn mig_devices_must_not_overlap() {
+    let error = with_devices(
+        "      - { profile: 3g.40gb, placement: 4, gpuInstanceId: 1 }\n      - { profile: 1g.10gb, placement: 5, gpuInstanceId: 7 }\n",
+    )
+    .unwrap_err();
+    let message = error.to_string();
+    assert_eq!(invalid_field(error), "gpus[0].migDevices[1].placement");
+    assert!(message.contains("overlaps 3g.40gb at 4:4"), "{message}");
+}
+
+#[test]
+fn mig_device_counts_stay_within_the_table() {
+    let error = with_devices(
+        "      - { profile: 3g.40gb, placement: 0, gpuInstanceId: 1 }\n      - { profile: 3g.40gb, placement: 4, gpuInstanceId: 2 }\n      - { profile: 1g.10gb, placement: 6, gpuInstanceId: 7 }\n",
+    );
+    // 3 + 3 + 1 compute slices fit in 7, but 1g at 6 overlaps 3g at 4:4.
+    assert!(error.is_err());
+    let ok = with_devices(
+        "      - { profile: 3g.40gb, placement: 0, gpuInstanceId: 1 }\n      - { profile: 3g.40gb, placement: 4, gpuInstanceId: 2 }\n",
+    )
+    .unwrap();
+    assert_eq!(ok.hardware().gpus[0].mig_devices.len(), 2);
+    let error = with_devices(
+        "      - { profile: 1g.10gb, placement: 0, gpuInstanceId: 7 }\n      - { profile: 1g.10gb, placement: 1, gpuInstanceId: 7 }\n",
+    )
+    .unwrap_err();
+    assert_eq!(invalid_field(error), "gpus[0].migDevices[1].gpuInstanceId");
+}
+
+#[test]
+fn unknown_references_are_named() {
+    let error =
+        with_devices("      - { profile: 2g.20gb, placement: 0, gpuInstanceId: 1 }\n").unwrap_err();
+    assert_eq!(invalid_field(error), "gpus[0].migDevices[0].profile");
+    let error = MockBackend::from_yaml(
+        "x",
+        &format!("{MINIMAL}      []\n").replace("model: m", "model: n"),
+    )
+    .unwrap_err();
+    assert_eq!(invalid_field(error), "gpus[0].model");
+}
+
+#[test]
+fn mig_devices_need_mig_mode() {
+    let yaml = format!("{MINIMAL}      - {{ profile: 1g.10gb, placement: 0, gpuInstanceId: 7 }}\n")
+        .replace(
+            "migMode: enabled",
+            "migMode: { current: false, pending: true }",
+        );
+    let error = MockBackend::from_yaml("x", &yaml).unwrap_err();
+    assert_eq!(invalid_field(error), "gpus[0].migDevices");
+}
+
+#[test]
+fn placements_parse_like_nvidia_smi_prints_them() {
+    assert_eq!(
+        parse_placements("{0,2,4}:2").unwrap(),
+        vec![
+            MigPlacement::new(0, 2),
+            MigPlacement::new(2, 2),
+            MigPlacement::new(4, 2)
+        ]
+    );
+    assert_eq!(
+        parse_placements("{0}:8").unwrap(),
+        vec![MigPlacement::new(0, 8)]
+    );
+    assert_eq!(
+        parse_placements("0:8").unwrap(),
+        vec![MigPlacement::new(0, 8)]
+    );
+    assert!(parse_placements("{0,2}").is_none());
+    assert!(parse_placements("{}:2").is_none());
+}
+
+#[test]
+fn derived_uuids_are_stable_and_uuid_shaped() {
+    let a = derived_uuid("GPU", "dgx-a100/gpu/0");
+    assert_eq!(a, derived_uuid("GPU", "dgx-a100/gpu/0"));
+    assert_ne!(a, derived_uuid("GPU", "dgx-a100/gpu/1"));
+    assert_eq!(a.len(), "GPU-".len() + 36);
+    let backend = MockBackend::from_profile("dgx-a100").unwrap();
+    let again = MockBackend::from_profile("dgx-a100").unwrap();
+    assert_eq!(backend, again);
+}
+
+#[test]
+fn the_trait_serves_the_profile() {
+    let backend = MockBackend::from_profile("mixed").unwrap();
+    let gpus = backend.gpus().unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(backend.mig_mode(&gpus[0].uuid).unwrap(), None);
+    assert_eq!(
+        backend.mig_mode(&gpus[1].uuid).unwrap(),
+        Some(MigMode::settled(true))
+    );
+    assert_eq!(backend.mig_devices(&gpus[1].uuid).unwrap().len(), 4);
+    assert_eq!(backend.mig_profiles(&gpus[1].uuid).unwrap().len(), 7);
+    assert!(matches!(
+        backend.mig_devices("GPU-nope"),
+        Err(BackendError::NoSuchGpu { .. })
+    ));
+    assert_eq!(backend.driver_version().unwrap(), "535.183.01");
+    assert_eq!(
+        backend.cuda_driver_version().unwrap(),
+        CudaDriverVersion::new(12, 2)
+    );
+}

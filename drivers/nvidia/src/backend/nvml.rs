@@ -1,0 +1,1 @@
+//! The NVML backend (feature `nvml`): being written.

@@ -1,0 +1,176 @@
+//! The real host.
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError};
+
+/// The machine the plugin runs on, with host paths resolved under `root`: `/` for a plugin
+/// that sees the host's filesystem, `/host-root` (upstream's `--host-root`) for one in a
+/// container with the host's `/` mounted there.
+#[derive(Clone, Debug)]
+pub struct SystemHost {
+    root: PathBuf,
+}
+
+impl SystemHost {
+    /// The host seen at `/`.
+    pub fn new() -> Self {
+        Self::rooted(PathBuf::from("/"))
+    }
+
+    /// The host seen at `root`.
+    pub fn rooted(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+}
+
+impl Default for SystemHost {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Host for SystemHost {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn read_to_string(&self, path: &Path) -> Result<String, HostError> {
+        std::fs::read_to_string(self.resolve(path)).map_err(|source| HostError::read(path, source))
+    }
+
+    fn write(&self, path: &Path, contents: &[u8]) -> Result<(), HostError> {
+        tracing::debug!(path = %path.display(), contents = %String::from_utf8_lossy(contents).trim_end(), "host write");
+        write_in_place(&self.resolve(path), contents)
+            .map_err(|source| HostError::write(path, contents, source))
+    }
+
+    fn exists(&self, path: &Path) -> Result<bool, HostError> {
+        self.resolve(path)
+            .try_exists()
+            .map_err(|source| HostError::read(path, source))
+    }
+
+    fn read_dir(&self, path: &Path) -> Result<Vec<String>, HostError> {
+        read_dir_names(&self.resolve(path)).map_err(|source| HostError::read(path, source))
+    }
+
+    fn read_link(&self, path: &Path) -> Result<PathBuf, HostError> {
+        std::fs::read_link(self.resolve(path)).map_err(|source| HostError::read(path, source))
+    }
+
+    fn device_node(&self, path: &Path) -> Result<Option<DeviceNode>, HostError> {
+        let metadata = match std::fs::metadata(self.resolve(path)) {
+            Ok(metadata) => metadata,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(HostError::read(path, source)),
+        };
+        let kind = if metadata.file_type().is_char_device() {
+            DeviceNodeKind::Char
+        } else if metadata.file_type().is_block_device() {
+            DeviceNodeKind::Block
+        } else {
+            return Err(HostError::Malformed {
+                path: path.to_owned(),
+                reason: "not a device node".into(),
+            });
+        };
+        let rdev = metadata.rdev();
+        Ok(Some(DeviceNode {
+            kind,
+            major: rustix::fs::major(rdev),
+            minor: rustix::fs::minor(rdev),
+        }))
+    }
+
+    fn run(&self, command: &HostCommand) -> Result<CommandOutput, HostError> {
+        let _span = tracing::debug_span!("host command", command = %command).entered();
+        let mut process = if command.chroot && self.root != Path::new("/") {
+            let mut process = Command::new("chroot");
+            process.arg(&self.root).arg(&command.program);
+            process
+        } else {
+            Command::new(&command.program)
+        };
+        let output = process
+            .args(&command.args)
+            .output()
+            .map_err(|error| HostError::Command {
+                command: command.to_string(),
+                reason: error.to_string(),
+            })?;
+        Ok(CommandOutput {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        })
+    }
+}
+
+/// One `write(2)` into an existing (or new) file, without truncating through a rename: how
+/// sysfs attributes must be written.
+pub(super) fn write_in_place(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    file.write_all(contents)
+}
+
+pub(super) fn read_dir_names(path: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = std::fs::read_dir(path)?
+        .map(|entry| entry.map(|entry| entry.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<Vec<_>, _>>()?;
+    names.sort();
+    Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_writes_under_its_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = SystemHost::rooted(dir.path());
+        std::fs::create_dir_all(dir.path().join("sys/x")).unwrap();
+        host.write(Path::new("/sys/x/a"), b"1\n").unwrap();
+        assert_eq!(host.read_to_string(Path::new("/sys/x/a")).unwrap(), "1\n");
+        assert_eq!(host.read_dir(Path::new("/sys/x")).unwrap(), vec!["a"]);
+        assert!(host.exists(Path::new("/sys/x/a")).unwrap());
+        assert!(!host.exists(Path::new("/sys/x/b")).unwrap());
+        let error = host.read_to_string(Path::new("/sys/x/b")).unwrap_err();
+        assert!(error.is_not_found());
+        assert!(error.to_string().contains("/sys/x/b"), "{error}");
+    }
+
+    #[test]
+    fn device_nodes_are_recognized() {
+        let host = SystemHost::new();
+        let null = host.device_node(Path::new("/dev/null")).unwrap().unwrap();
+        assert_eq!(
+            (null.kind, null.major, null.minor),
+            (DeviceNodeKind::Char, 1, 3)
+        );
+        assert_eq!(
+            host.device_node(Path::new("/dev/no-such-node")).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn commands_run_and_report_their_status() {
+        let host = SystemHost::new();
+        let output = host
+            .run(&HostCommand::new("sh", ["-c", "echo hi; exit 3"]))
+            .unwrap();
+        assert_eq!(output.status, Some(3));
+        assert_eq!(output.stdout, "hi\n");
+        let error = host.run(&HostCommand::new("/no/such/program", Vec::<String>::new()));
+        assert!(error.unwrap_err().to_string().contains("/no/such/program"));
+    }
+}
