@@ -5,13 +5,19 @@
 //! meant and that it is allocated, keeps the allocation results for this driver, and decodes
 //! the opaque configs that apply to each result. Watching all claims would save the GET but
 //! sends every claim event of the cluster to every node, which does not scale.
+//!
+//! The GET goes through the newest `resource.k8s.io` version the API server serves (`v1` from
+//! Kubernetes 1.34, `v1beta2` on 1.33, `v1beta1` on 1.32), found by discovery on the first
+//! read, and the object is converted to the `v1` model drivers see.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
-use kube::Api;
+
+mod wire;
+use wire::{ClaimVersion, DiscoveryError, Fetched};
 
 use crate::config::{ConfigError, ConfigRegistry};
 use crate::driver::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource};
@@ -50,6 +56,17 @@ pub enum ClaimError {
         /// Name.
         name: String,
     },
+    /// The API server serves ResourceClaims in none of the versions the SDK reads
+    /// (`resource.k8s.io` v1, v1beta2, v1beta1).
+    #[error(
+        "reading ResourceClaim {namespace}/{name}: the API server serves no resource.k8s.io version the plugin reads (v1, v1beta2 or v1beta1)"
+    )]
+    NotServed {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
     /// The API server could not be reached or answered an error, after retries.
     #[error("reading ResourceClaim {namespace}/{name}: {source}")]
     Api {
@@ -79,6 +96,7 @@ impl ClaimError {
             ClaimError::NotFound { .. } => "claim_not_found",
             ClaimError::Replaced { .. } => "claim_replaced",
             ClaimError::NotAllocated { .. } => "claim_not_allocated",
+            ClaimError::NotServed { .. } => "api_not_served",
             ClaimError::Api { .. } => "api",
             ClaimError::Config { .. } => "invalid_config",
         }
@@ -110,29 +128,69 @@ impl Default for ReadPolicy {
     }
 }
 
-/// Reads ResourceClaims with bounded retries of transient errors.
+/// Reads ResourceClaims with bounded retries of transient errors, through the newest
+/// `resource.k8s.io` version the server serves (see [`wire`]).
 #[derive(Clone)]
 pub(crate) struct ClaimReader {
     client: kube::Client,
     policy: ReadPolicy,
+    version: Arc<ClaimVersion>,
 }
 
 impl ClaimReader {
     pub(crate) fn new(client: kube::Client, policy: ReadPolicy) -> Self {
-        Self { client, policy }
+        Self {
+            client,
+            policy,
+            version: Arc::default(),
+        }
     }
 
     /// GETs the claim and checks its UID and allocation.
     pub(crate) async fn read(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let api_error = |source| ClaimError::Api {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            source,
+        };
         let started = Instant::now();
         let mut backoff = self.policy.initial_backoff;
         let mut attempt = 1;
+        // One new discovery per read when the chosen version stops being served, so that
+        // a server that answers 404 for every path cannot keep us rediscovering.
+        let mut rediscovered = false;
         let object = loop {
-            match api.get_opt(&claim.name).await {
-                Ok(Some(object)) => break object,
-                Ok(None) => {
+            let outcome = match self.version.get(&self.client).await {
+                Ok(version) => wire::fetch(&self.client, version, &claim.namespace, &claim.name)
+                    .await
+                    .map(|fetched| (version, fetched)),
+                Err(DiscoveryError::Api(error)) => Err(error),
+                Err(DiscoveryError::NotServed) => {
+                    return Err(ClaimError::NotServed {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                    });
+                }
+            };
+            match outcome {
+                Ok((_, Fetched::Claim(object))) => break *object,
+                Ok((_, Fetched::Missing)) => {
                     return Err(ClaimError::NotFound {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                    });
+                }
+                Ok((version, Fetched::VersionNotServed)) if !rediscovered => {
+                    tracing::info!(
+                        claim = %claim,
+                        version = version.as_str(),
+                        "the API server no longer serves ResourceClaims in this version; discovering again"
+                    );
+                    self.version.forget(version);
+                    rediscovered = true;
+                }
+                Ok((_, Fetched::VersionNotServed)) => {
+                    return Err(ClaimError::NotServed {
                         namespace: claim.namespace.clone(),
                         name: claim.name.clone(),
                     });
@@ -149,13 +207,7 @@ impl ClaimReader {
                     backoff = (backoff * 2).min(self.policy.max_backoff);
                     attempt += 1;
                 }
-                Err(source) => {
-                    return Err(ClaimError::Api {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                        source,
-                    });
-                }
+                Err(source) => return Err(api_error(source)),
             }
         };
         check_claim(claim, &object)?;

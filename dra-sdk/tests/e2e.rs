@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use dra_sdk::driver::ClaimRef;
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{
@@ -20,6 +21,7 @@ use dra_sdk::testing::e2e::workload::{self, ClaimSource};
 use dra_sdk::testing::e2e::{
     KubeletNode, RealCluster, Registration, ServedVersions, binaries_or_skip, suite::E2eSuite,
 };
+use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::Api;
@@ -281,7 +283,8 @@ async fn the_api_server_accepts_every_slice_the_publisher_writes() {
 }
 
 /// A server like Kubernetes 1.33 (v1beta2 and v1beta1 only) and one like 1.32 (v1beta1 only):
-/// the publisher finds the version by discovery and the server accepts everything.
+/// the publisher finds the version by discovery and the server accepts everything, and the
+/// plugin reads claims through the newest version served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn older_api_servers_accept_the_slices() {
     let Some(binaries) = binaries_or_skip() else {
@@ -319,8 +322,81 @@ async fn older_api_servers_accept_the_slices() {
             versions.contains(&"v1beta2"),
             "{offered:?}"
         );
-        publish_every_feature(client, "old.gpu.example.com", "old-node", versions).await;
+        publish_every_feature(client.clone(), "old.gpu.example.com", "old-node", versions).await;
+        prepare_through_an_older_api(client, versions[0]).await;
     }
+}
+
+/// A claim written in `version` (the newest the server serves), allocated the way the
+/// scheduler would, is prepared by a plugin that finds the version by discovery; a claim that
+/// does not exist is reported as such, not confused with a version the server does not serve.
+async fn prepare_through_an_older_api(client: kube::Client, version: &str) {
+    let driver = "claims.gpu.example.com";
+    let request = match version {
+        "v1beta1" => json!({ "name": "gpu", "deviceClassName": "gpu.example.com" }),
+        _ => json!({ "name": "gpu", "exactly": { "deviceClassName": "gpu.example.com" } }),
+    };
+    let resource = ApiResource {
+        group: "resource.k8s.io".into(),
+        version: version.into(),
+        api_version: format!("resource.k8s.io/{version}"),
+        kind: "ResourceClaim".into(),
+        plural: "resourceclaims".into(),
+    };
+    let claims = Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource);
+    let claim: DynamicObject = object(json!({
+        "apiVersion": format!("resource.k8s.io/{version}"), "kind": "ResourceClaim",
+        "metadata": { "name": "old-claim", "namespace": "default" },
+        "spec": { "devices": { "requests": [request] } },
+    }));
+    let mut claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    claim.data["status"] = json!({ "allocation": { "devices": { "results": [
+        { "request": "gpu", "driver": driver, "pool": "old-node", "device": "gpu-1" },
+    ] } } });
+    let claim = claims
+        .replace_status("old-claim", &PostParams::default(), &claim)
+        .await
+        .unwrap();
+    let uid = claim.metadata.uid.clone().unwrap();
+
+    let dirs = tempfile::tempdir().unwrap();
+    let plugin = KubeletPlugin::builder(GpuDriver::default(), driver, "old-node", client)
+        .registrar_dir(dirs.path().join("registry"))
+        .plugins_dir(dirs.path().join("plugins"))
+        .cdi_root(dirs.path().join("cdi"))
+        .resources(gpus_on("old-node", 2))
+        .start()
+        .await
+        .unwrap();
+    let kubelet = KubeletSimulator::new(KubeletVersion::V1_36)
+        .register(&plugin.socket_paths().registration)
+        .await
+        .unwrap();
+    let present = ClaimRef {
+        uid: uid.clone(),
+        namespace: "default".into(),
+        name: "old-claim".into(),
+    };
+    let absent = ClaimRef {
+        uid: "uid-absent".into(),
+        namespace: "default".into(),
+        name: "no-such-claim".into(),
+    };
+    let outcomes = kubelet.prepare(&[present.clone(), absent]).await.unwrap();
+    let devices = outcomes[&uid]
+        .as_ref()
+        .unwrap_or_else(|error| panic!("prepare through {version}: {error}"));
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0].device, "gpu-1");
+    assert_eq!(devices[0].cdi_device_ids.len(), 1, "{devices:?}");
+    let missing = outcomes["uid-absent"].as_ref().unwrap_err();
+    assert!(
+        missing.contains("no-such-claim not found"),
+        "a missing claim is reported as missing through {version}: {missing}"
+    );
+    let unprepared = kubelet.unprepare(&[present]).await.unwrap();
+    assert_eq!(unprepared[&uid], Ok(()));
+    plugin.shutdown().await.unwrap();
 }
 
 /// The real scheduler allocates from the plugin's slices: by CEL on an attribute, within the

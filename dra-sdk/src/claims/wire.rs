@@ -1,0 +1,288 @@
+//! The `resource.k8s.io` version a ResourceClaim is read through, and its conversion to v1.
+//!
+//! Kubernetes 1.34+ serves ResourceClaims as `v1`, 1.33 as `v1beta2` and `v1beta1`, 1.32 as
+//! `v1beta1` only. The plugin reads the newest one the server serves, found by discovery like
+//! the slice publisher does, and converts it to the one internal model (`v1`). `v1beta2` has
+//! v1's JSON shape; `v1beta1` keeps a request's fields inline where v1 nests them under
+//! `exactly`. Allocation results and status are the same in all three.
+
+use std::sync::Mutex;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ApiResource, DynamicObject};
+use kube::core::Status;
+use kube::{Api, Client};
+use serde_json::{Map, Value};
+
+use crate::slices::ResourceApiVersion;
+
+/// Why the served version could not be found.
+#[derive(Debug)]
+pub(crate) enum DiscoveryError {
+    /// The discovery request failed.
+    Api(kube::Error),
+    /// `resource.k8s.io` is not served, or serves none of the versions the SDK reads.
+    NotServed,
+}
+
+/// The version claims are read through: discovered on first use, forgotten when the server
+/// stops serving it (an upgrade or downgrade of the API server while the plugin runs).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimVersion {
+    chosen: Mutex<Option<ResourceApiVersion>>,
+}
+
+impl ClaimVersion {
+    /// The version to read through, discovering it when none is known.
+    pub(crate) async fn get(&self, client: &Client) -> Result<ResourceApiVersion, DiscoveryError> {
+        if let Some(version) = *self.lock() {
+            return Ok(version);
+        }
+        let version = discover(client).await?;
+        tracing::debug!(version = version.as_str(), "reading ResourceClaims through");
+        *self.lock() = Some(version);
+        Ok(version)
+    }
+
+    /// Forgets `version` (if it is still the chosen one) so that the next read discovers again.
+    pub(crate) fn forget(&self, version: ResourceApiVersion) {
+        let mut chosen = self.lock();
+        if *chosen == Some(version) {
+            *chosen = None;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ResourceApiVersion>> {
+        // The guarded value is a plain `Option<Copy>`: a panic elsewhere cannot leave it torn.
+        self.chosen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+async fn discover(client: &Client) -> Result<ResourceApiVersion, DiscoveryError> {
+    let groups = client
+        .list_api_groups()
+        .await
+        .map_err(DiscoveryError::Api)?;
+    let group = groups
+        .groups
+        .iter()
+        .find(|group| group.name == "resource.k8s.io")
+        .ok_or(DiscoveryError::NotServed)?;
+    ResourceApiVersion::PREFERENCE
+        .into_iter()
+        .find(|v| group.versions.iter().any(|gv| gv.version == v.as_str()))
+        .ok_or(DiscoveryError::NotServed)
+}
+
+/// What one GET found.
+#[derive(Debug)]
+pub(crate) enum Fetched {
+    /// The claim, converted to v1.
+    Claim(Box<ResourceClaim>),
+    /// The server says this claim does not exist.
+    Missing,
+    /// A 404 that does not name the claim: the version (or the group) is not served.
+    VersionNotServed,
+}
+
+/// GETs one claim through `version` and converts it to v1.
+pub(crate) async fn fetch(
+    client: &Client,
+    version: ResourceApiVersion,
+    namespace: &str,
+    name: &str,
+) -> Result<Fetched, kube::Error> {
+    let result = match version {
+        // The hot path on 1.34+: no conversion, no intermediate JSON tree.
+        ResourceApiVersion::V1 => Api::<ResourceClaim>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await
+            .map(Box::new),
+        older => {
+            let resource = claims_resource(older);
+            let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
+            match api.get(name).await {
+                Ok(object) => {
+                    let value = serde_json::to_value(object).map_err(kube::Error::SerdeError)?;
+                    to_v1(older, value)
+                        .map(Box::new)
+                        .map_err(kube::Error::SerdeError)
+                }
+                Err(error) => Err(error),
+            }
+        }
+    };
+    match result {
+        Ok(claim) => Ok(Fetched::Claim(claim)),
+        Err(kube::Error::Api(status)) if status.is_not_found() => {
+            if names_object(&status, name) {
+                Ok(Fetched::Missing)
+            } else {
+                Ok(Fetched::VersionNotServed)
+            }
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// A 404 for a missing object carries the object's name in its details; a 404 for a path the
+/// server does not serve (`the server could not find the requested resource`) carries none.
+fn names_object(status: &Status, name: &str) -> bool {
+    status
+        .details
+        .as_ref()
+        .is_some_and(|details| details.name == name)
+}
+
+fn claims_resource(version: ResourceApiVersion) -> ApiResource {
+    ApiResource {
+        group: "resource.k8s.io".to_owned(),
+        version: version.as_str().to_owned(),
+        api_version: format!("resource.k8s.io/{}", version.as_str()),
+        kind: "ResourceClaim".to_owned(),
+        plural: "resourceclaims".to_owned(),
+    }
+}
+
+/// The fields of a v1beta1 `DeviceRequest` that v1 moved under `exactly`.
+const EXACT_REQUEST_FIELDS: [&str; 7] = [
+    "deviceClassName",
+    "selectors",
+    "allocationMode",
+    "count",
+    "adminAccess",
+    "tolerations",
+    "capacity",
+];
+
+/// Converts a ResourceClaim read through `version` (as JSON) to the v1 model.
+pub(crate) fn to_v1(
+    version: ResourceApiVersion,
+    mut claim: Value,
+) -> Result<ResourceClaim, serde_json::Error> {
+    if version == ResourceApiVersion::V1beta1 {
+        let requests = claim
+            .pointer_mut("/spec/devices/requests")
+            .and_then(Value::as_array_mut);
+        for request in requests.into_iter().flatten() {
+            if let Some(request) = request.as_object_mut() {
+                nest_exact_request(request);
+            }
+        }
+    }
+    if let Some(object) = claim.as_object_mut() {
+        object.insert("apiVersion".to_owned(), Value::from("resource.k8s.io/v1"));
+    }
+    serde_json::from_value(claim)
+}
+
+/// v1beta1 writes a request's fields inline; v1 nests them under `exactly`, except for a
+/// `firstAvailable` request, whose subrequests keep their fields inline in both versions.
+fn nest_exact_request(request: &mut Map<String, Value>) {
+    if request.contains_key("firstAvailable") {
+        for field in EXACT_REQUEST_FIELDS {
+            request.remove(field);
+        }
+        return;
+    }
+    let mut exactly = Map::new();
+    for field in EXACT_REQUEST_FIELDS {
+        if let Some(value) = request.remove(field) {
+            exactly.insert(field.to_owned(), value);
+        }
+    }
+    if !exactly.is_empty() {
+        request.insert("exactly".to_owned(), Value::Object(exactly));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn v1beta1_claim() -> Value {
+        json!({
+            "apiVersion": "resource.k8s.io/v1beta1",
+            "kind": "ResourceClaim",
+            "metadata": { "namespace": "default", "name": "c", "uid": "u-1" },
+            "spec": { "devices": {
+                "requests": [
+                    { "name": "gpu", "deviceClassName": "gpu.example.com", "allocationMode": "ExactCount",
+                      "count": 2, "selectors": [{ "cel": { "expression": "true" } }] },
+                    { "name": "any", "firstAvailable": [
+                        { "name": "big", "deviceClassName": "gpu.example.com" },
+                        { "name": "small", "deviceClassName": "gpu.example.com", "count": 2 }
+                    ] }
+                ],
+                "config": [{ "requests": ["gpu"], "opaque": { "driver": "gpu.example.com", "parameters": {} } }]
+            } },
+            "status": { "allocation": { "devices": { "results": [
+                { "request": "gpu", "driver": "gpu.example.com", "pool": "n", "device": "gpu-0", "adminAccess": false },
+                { "request": "any/small", "driver": "gpu.example.com", "pool": "n", "device": "gpu-1" }
+            ] } } }
+        })
+    }
+
+    #[test]
+    fn v1beta1_requests_move_under_exactly_and_results_keep_their_shape() {
+        let claim = to_v1(ResourceApiVersion::V1beta1, v1beta1_claim()).unwrap();
+        let spec = claim.spec.as_ref().unwrap();
+        let requests = spec.devices.as_ref().unwrap().requests.as_ref().unwrap();
+        let exactly = requests[0].exactly.as_ref().unwrap();
+        assert_eq!(exactly.device_class_name, "gpu.example.com");
+        assert_eq!(exactly.count, Some(2));
+        assert_eq!(exactly.selectors.as_ref().unwrap().len(), 1);
+        assert!(requests[1].exactly.is_none());
+        let first = requests[1].first_available.as_ref().unwrap();
+        assert_eq!(first[1].name, "small");
+        assert_eq!(first[1].count, Some(2));
+        let results = claim
+            .status
+            .unwrap()
+            .allocation
+            .unwrap()
+            .devices
+            .unwrap()
+            .results;
+        let results = results.unwrap();
+        assert_eq!(results[1].request, "any/small");
+        assert_eq!(results[0].device, "gpu-0");
+    }
+
+    #[test]
+    fn v1beta2_has_the_v1_shape() {
+        let mut value = v1beta1_claim();
+        value["spec"]["devices"]["requests"][0] =
+            json!({ "name": "gpu", "exactly": { "deviceClassName": "gpu.example.com" } });
+        value["spec"]["devices"]["requests"]
+            .as_array_mut()
+            .unwrap()
+            .truncate(1);
+        let claim = to_v1(ResourceApiVersion::V1beta2, value).unwrap();
+        let requests = claim.spec.unwrap().devices.unwrap().requests.unwrap();
+        assert_eq!(
+            requests[0].exactly.as_ref().unwrap().device_class_name,
+            "gpu.example.com"
+        );
+    }
+
+    #[test]
+    fn only_a_404_naming_the_claim_means_missing() {
+        let missing: Status = serde_json::from_value(json!({
+            "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "resourceclaims.resource.k8s.io \"c\" not found",
+            "details": { "name": "c", "group": "resource.k8s.io", "kind": "resourceclaims" }
+        }))
+        .unwrap();
+        let unserved: Status = serde_json::from_value(json!({
+            "status": "Failure", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource", "details": {}
+        }))
+        .unwrap();
+        assert!(names_object(&missing, "c"));
+        assert!(!names_object(&unserved, "c"));
+    }
+}
