@@ -1,0 +1,275 @@
+//! The Helm chart (`deploy/helm/mock-gpu-driver`), rendered by `helm template` with the
+//! default values and with every values file under its `ci/` directory: every object passes
+//! the strict field validation of a v1.36.2 API server's OpenAPI documents (unknown fields are
+//! errors) and decodes into its `k8s-openapi` type without losing a field; the DaemonSet's
+//! environment names flags the plugin binary has; `ci/all-options-values.yaml` sets every
+//! documented value; bad values fail with a clear message. Needs `HELM` (see `.ci/tools`).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+use support::chart::{OpenApi, chart_dir, decode, describe, helm_or_skip, render};
+
+const NAMESPACE: &str = "dra-mock-gpu";
+
+/// The values files CI renders: the defaults, then each file of `ci/`.
+fn values_sets() -> Vec<(String, Vec<String>)> {
+    let mut sets = vec![("defaults".to_owned(), Vec::new())];
+    let mut files: Vec<_> = std::fs::read_dir(chart_dir().join("ci"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    files.sort();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        sets.push((name, vec!["-f".to_owned(), file.display().to_string()]));
+    }
+    sets
+}
+
+#[test]
+fn every_rendered_object_is_valid_for_the_api_server() {
+    let Some(helm) = helm_or_skip() else { return };
+    let openapi = OpenApi::load();
+    let mut problems = Vec::new();
+    for (name, args) in values_sets() {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let documents = render(&helm, "mock-gpu", NAMESPACE, &args)
+            .unwrap_or_else(|error| panic!("{name}: helm template failed:\n{error}"));
+        assert!(!documents.is_empty(), "{name}: nothing rendered");
+        for document in &documents {
+            let what = format!("{name}: {}", describe(document));
+            problems.extend(
+                openapi
+                    .check(document)
+                    .into_iter()
+                    .map(|p| format!("{what}: OpenAPI: {p}")),
+            );
+            problems.extend(
+                decode(document)
+                    .into_iter()
+                    .map(|p| format!("{what}: decode: {p}")),
+            );
+            // Namespaced objects carry the release namespace, so the output applies as is.
+            let kind = document["kind"].as_str().unwrap_or_default();
+            if ["ServiceAccount", "DaemonSet"].contains(&kind) {
+                assert_eq!(document["metadata"]["namespace"], NAMESPACE, "{what}");
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_defaults_render_what_the_readme_lists() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render(&helm, "mock-gpu", NAMESPACE, &[]).unwrap();
+    let kinds: BTreeSet<&str> = documents
+        .iter()
+        .filter_map(|d| d["kind"].as_str())
+        .collect();
+    let expected: BTreeSet<&str> = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DeviceClass",
+        "DaemonSet",
+    ]
+    .into();
+    assert_eq!(kinds, expected);
+    let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let spec = &daemonset["spec"];
+    assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxSurge"], 1);
+    assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    let container = &spec["template"]["spec"]["containers"][0];
+    for probe in ["livenessProbe", "startupProbe"] {
+        assert_eq!(container[probe]["grpc"]["port"], 51515, "{probe}");
+    }
+    let env = env_map(container);
+    assert_eq!(
+        env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(
+        env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.uid"
+    );
+    let paths: BTreeSet<&str> = spec["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/var/lib/kubelet/plugins_registry",
+            "/var/lib/kubelet/plugins",
+            "/var/run/cdi"
+        ]
+        .into()
+    );
+    // Least privilege: the verbs the SDK's plugin uses, no patch, no deletecollection.
+    let role = documents
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .unwrap();
+    let rules: Vec<(String, Vec<String>)> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| {
+            (
+                rule["resources"][0].as_str().unwrap().to_owned(),
+                serde_json::from_value(rule["verbs"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    let owned = |r: &str, v: &[&str]| (r.to_owned(), v.iter().map(|s| (*s).to_owned()).collect());
+    assert_eq!(
+        rules,
+        vec![
+            owned("resourceclaims", &["get"]),
+            owned(
+                "resourceslices",
+                &["list", "watch", "create", "update", "delete"]
+            ),
+            owned("nodes", &["get"]),
+        ]
+    );
+}
+
+fn env_map(container: &Value) -> std::collections::BTreeMap<String, Value> {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap().to_owned(), v.clone()))
+        .collect()
+}
+
+#[test]
+fn the_daemonset_env_names_flags_of_the_plugin() {
+    let Some(helm) = helm_or_skip() else { return };
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for (name, args) in values_sets() {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
+        let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+        for variable in env_map(&daemonset["spec"]["template"]["spec"]["containers"][0]).keys() {
+            if variable == "RUST_LOG" {
+                continue;
+            }
+            assert!(
+                help.contains(&format!("[env: {variable}=")),
+                "{name}: {variable} is not a flag's variable:\n{help}"
+            );
+        }
+    }
+}
+
+/// Leaf paths of a values tree (maps are walked; lists and empty maps are leaves).
+fn leaves(value: &Value, path: &str, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(fields) if !fields.is_empty() => {
+            for (key, child) in fields {
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                leaves(child, &child_path, out);
+            }
+        }
+        _ => {
+            out.insert(path.to_owned());
+        }
+    }
+}
+
+fn yaml(path: &Path) -> Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn all_options_sets_every_value_and_the_readme_documents_each() {
+    let defaults = yaml(&chart_dir().join("values.yaml"));
+    let all = yaml(&chart_dir().join("ci/all-options-values.yaml"));
+    let readme = std::fs::read_to_string(chart_dir().join("README.md")).unwrap();
+    let mut default_leaves = BTreeSet::new();
+    leaves(&defaults, "", &mut default_leaves);
+    let mut set = BTreeSet::new();
+    leaves(&all, "", &mut set);
+    for leaf in &default_leaves {
+        // A map value (updateStrategy, probes, securityContext) is documented as a whole.
+        let documented = leaf
+            .match_indices('.')
+            .map(|(at, _)| &leaf[..at])
+            .chain([leaf.as_str()])
+            .any(|prefix| readme.contains(&format!("| `{prefix}` |")));
+        assert!(
+            documented,
+            "values.yaml's {leaf} is not in the README's table"
+        );
+        let covered = set
+            .iter()
+            .any(|s| s == leaf || s.starts_with(&format!("{leaf}.")))
+            || leaf
+                .match_indices('.')
+                .any(|(at, _)| set.contains(&leaf[..at]));
+        // featureGates has no accepted value but the empty map, which the file sets.
+        assert!(covered, "ci/all-options-values.yaml does not set {leaf}");
+    }
+    let schema: Value =
+        serde_json::from_slice(&std::fs::read(chart_dir().join("values.schema.json")).unwrap())
+            .unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+}
+
+#[test]
+fn bad_values_fail_with_a_clear_message() {
+    let Some(helm) = helm_or_skip() else { return };
+    let cases: [(&str, &[&str], &str); 5] = [
+        ("default namespace", &[], "default namespace is refused"),
+        (
+            "feature gate",
+            &["--set", "featureGates.TimeSlicingSettings=true"],
+            "featureGates",
+        ),
+        (
+            "unknown value",
+            &["--set", "kubeletPlugin.numDevice=4"],
+            "numDevice",
+        ),
+        (
+            "wrong type",
+            &["--set", "kubeletPlugin.containers.plugin.metricsPort=http"],
+            "metricsPort",
+        ),
+        (
+            "no service account",
+            &["--set", "serviceAccount.create=false"],
+            "serviceAccount.name is required",
+        ),
+    ];
+    for (what, args, expected) in cases {
+        let namespace = if what == "default namespace" {
+            "default"
+        } else {
+            NAMESPACE
+        };
+        let error = render(&helm, "mock-gpu", namespace, args)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: rendered"));
+        assert!(error.contains(expected), "{what}: {error}");
+    }
+}
