@@ -33,9 +33,15 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod fake;
 mod rooted;
 mod system;
 
+pub use fake::{
+    FIRST_IOMMU_GROUP, FakeHostTree, KERNEL_RELEASE, NVIDIA_CAPS_MAJOR, NVIDIA_CTL_MINOR,
+    NVIDIA_GPU_MAJOR, NVIDIA_UVM_MAJOR, VFIO_MAJOR, mig_ci_capability_minor,
+    mig_gi_capability_minor,
+};
 pub use rooted::{HostEvent, RootedHost};
 pub use system::SystemHost;
 
