@@ -7,4 +7,5 @@ pub mod backend;
 pub mod cdi;
 pub mod config;
 pub mod devices;
+pub mod driver;
 pub mod host;

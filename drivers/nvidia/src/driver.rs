@@ -1,0 +1,874 @@
+//! [`NvidiaDriver`]: the [`dra_sdk::driver::Driver`] of `gpu.nvidia.com`.
+//!
+//! Prepare, per claim:
+//!
+//! 1. read the hardware now (the backend's inventory, and NVIDIA PCI functions in sysfs for
+//!    VFIO devices) and resolve every allocated device name ([`DeviceName`]) to a full GPU,
+//!    a MIG device or a VFIO device; an unknown name fails the claim;
+//! 2. pick each device's config ([`select_config`]; defaults when none applies) and check
+//!    that this node honours it ([`NvidiaConfig::check_supported`]);
+//! 3. reserve the devices: a device (or, for a GPU and its VFIO twin, the PCI function)
+//!    already prepared for another claim is refused, unless one of the two allocations has
+//!    admin access;
+//! 4. bind VFIO devices to their VFIO driver ([`VfioBinder`]), then compute every device's
+//!    container edits from the host state ([`CdiEdits`]). Any failure restores the VFIO
+//!    devices bound so far and releases the reservations, so a failed prepare leaves the
+//!    node as it found it;
+//! 5. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
+//!
+//! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored),
+//! returns VFIO devices to their previous driver and releases the reservations. It tolerates
+//! a missing state (a prepare that failed or was interrupted undid its own work) and a GPU
+//! already back on its driver, so it is idempotent.
+//!
+//! The reservations live in memory. A plugin restart rebuilds them from the checkpoint with
+//! [`NvidiaDriverBuilder::prepared_claims`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use dra_driver_nvidia::backend::mock::MockBackend;
+//! use dra_driver_nvidia::cdi::DriverRoot;
+//! use dra_driver_nvidia::driver::{FeatureGates, NvidiaDriver};
+//! use dra_driver_nvidia::host::SystemHost;
+//!
+//! let driver = NvidiaDriver::builder(
+//!     Arc::new(MockBackend::from_profile("dgx-a100")?),
+//!     Arc::new(SystemHost::rooted("/host-root")),
+//! )
+//! .driver_root(DriverRoot::new(Arc::new(SystemHost::rooted("/driver-root")), "/"))
+//! .feature_gates("PassthroughSupport=true".parse::<FeatureGates>()?)
+//! .build();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod gates;
+mod names;
+mod vfio;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::config::ConfigRegistry;
+use dra_sdk::driver::{
+    AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
+};
+use serde::{Deserialize, Serialize};
+
+pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
+pub use names::DeviceName;
+pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
+
+use crate::backend::{GpuBackend, GpuInfo, Inventory, MigDeviceInfo};
+use crate::cdi::{CdiEdits, DriverRoot};
+use crate::config::{
+    CandidateConfig, DeviceType, NvidiaConfig, VfioDeviceConfig, registry, select_config,
+};
+use crate::host::{Host, SystemHost, facts};
+
+/// The driver name upstream uses.
+pub const DRIVER_NAME: &str = "gpu.nvidia.com";
+/// Upstream's wait for a GPU to become idle before it is rebound to VFIO.
+pub const DEFAULT_VFIO_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upstream's polling interval during that wait.
+pub const DEFAULT_VFIO_IDLE_POLL: Duration = Duration::from_secs(1);
+
+/// NVIDIA's PCI vendor ID.
+const NVIDIA_VENDOR: &str = "0x10de";
+
+/// Builds an [`NvidiaDriver`]: the backend and the host are required, the rest has
+/// upstream's defaults.
+#[derive(Debug)]
+pub struct NvidiaDriverBuilder {
+    backend: Arc<dyn GpuBackend>,
+    host: Arc<dyn Host>,
+    driver_root: Option<DriverRoot>,
+    hook: Option<PathBuf>,
+    gates: FeatureGates,
+    driver_name: String,
+    vfio_poll: Duration,
+    vfio_timeout: Duration,
+    prepared: Vec<(String, ClaimRecord)>,
+}
+
+impl NvidiaDriverBuilder {
+    /// The driver installation (`--nvidia-driver-root` and `--container-driver-root`).
+    /// Default: the host's `/`, read through the host.
+    pub fn driver_root(mut self, driver_root: DriverRoot) -> Self {
+        self.driver_root = Some(driver_root);
+        self
+    }
+
+    /// The `nvidia-cdi-hook` binary on the host (`--nvidia-cdi-hook-path`). Without it, the
+    /// edits carry no hooks (see [`crate::cdi`]).
+    pub fn cdi_hook(mut self, path: impl Into<PathBuf>) -> Self {
+        self.hook = Some(path.into());
+        self
+    }
+
+    /// Feature gates (validated by their parser). Default: upstream's defaults.
+    pub fn feature_gates(mut self, gates: FeatureGates) -> Self {
+        self.gates = gates;
+        self
+    }
+
+    /// The DRA driver name, for finding this driver's configs in claims. Default
+    /// [`DRIVER_NAME`].
+    pub fn driver_name(mut self, name: impl Into<String>) -> Self {
+        self.driver_name = name.into();
+        self
+    }
+
+    /// How often and how long to wait for a GPU to become idle before rebinding it to VFIO.
+    pub fn vfio_idle_wait(mut self, poll: Duration, timeout: Duration) -> Self {
+        self.vfio_poll = poll;
+        self.vfio_timeout = timeout;
+        self
+    }
+
+    /// Claims the checkpoint holds from before a restart (`Checkpoint::records`): their
+    /// devices stay reserved until they are unprepared.
+    pub fn prepared_claims(
+        mut self,
+        records: impl IntoIterator<Item = (String, ClaimRecord)>,
+    ) -> Self {
+        self.prepared.extend(records);
+        self
+    }
+
+    /// The driver.
+    pub fn build(self) -> NvidiaDriver {
+        let driver_root = self
+            .driver_root
+            .unwrap_or_else(|| DriverRoot::new(Arc::clone(&self.host), "/"));
+        let mut cdi = CdiEdits::new(Arc::clone(&self.host), driver_root);
+        if let Some(hook) = self.hook {
+            cdi = cdi.with_hook(hook);
+        }
+        let mut reservations = Reservations::default();
+        for (uid, record) in &self.prepared {
+            match record.driver_state.as_ref().map(ClaimState::from_value) {
+                Some(Ok(state)) => {
+                    reservations.restore(uid, &record.namespace, &record.name, &state)
+                }
+                Some(Err(error)) => {
+                    tracing::warn!(claim_uid = %uid, %error, "unreadable driver state in the checkpoint; its devices are not reserved")
+                }
+                None => {}
+            }
+        }
+        NvidiaDriver {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                host: self.host,
+                cdi,
+                gates: self.gates,
+                driver_name: self.driver_name,
+                vfio_poll: self.vfio_poll,
+                vfio_timeout: self.vfio_timeout,
+                reservations: Mutex::new(reservations),
+            }),
+        }
+    }
+}
+
+/// The NVIDIA GPU driver. Cheap to clone; clones share their state.
+#[derive(Clone, Debug)]
+pub struct NvidiaDriver {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    backend: Arc<dyn GpuBackend>,
+    host: Arc<dyn Host>,
+    cdi: CdiEdits,
+    gates: FeatureGates,
+    driver_name: String,
+    vfio_poll: Duration,
+    vfio_timeout: Duration,
+    reservations: Mutex<Reservations>,
+}
+
+impl NvidiaDriver {
+    /// A builder for a driver on `backend` and `host`.
+    pub fn builder(backend: Arc<dyn GpuBackend>, host: Arc<dyn Host>) -> NvidiaDriverBuilder {
+        NvidiaDriverBuilder {
+            backend,
+            host,
+            driver_root: None,
+            hook: None,
+            gates: FeatureGates::default(),
+            driver_name: DRIVER_NAME.to_owned(),
+            vfio_poll: DEFAULT_VFIO_IDLE_POLL,
+            vfio_timeout: DEFAULT_VFIO_IDLE_TIMEOUT,
+            prepared: Vec::new(),
+        }
+    }
+
+    /// A driver on the real host seen at `/`.
+    pub fn on_system(backend: Arc<dyn GpuBackend>) -> NvidiaDriverBuilder {
+        Self::builder(backend, Arc::new(SystemHost::new()))
+    }
+
+    /// The feature gates the driver runs with.
+    pub fn feature_gates(&self) -> &FeatureGates {
+        &self.inner.gates
+    }
+
+    /// Device names currently prepared, with the UID of the claim that holds each (admin
+    /// access allocations excluded).
+    pub fn prepared_devices(&self) -> BTreeMap<String, String> {
+        self.inner
+            .reservations()
+            .by_key
+            .iter()
+            .filter(|(key, _)| !key.starts_with(PCI_KEY_PREFIX))
+            .map(|(key, owner)| (key.clone(), owner.uid.clone()))
+            .collect()
+    }
+}
+
+/// What the checkpoint keeps of a prepared claim (`driver_state`), for unprepare and for
+/// rebuilding reservations after a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimState {
+    /// The claim's devices, in allocation order.
+    pub devices: Vec<PreparedDeviceState>,
+}
+
+impl ClaimState {
+    /// Reads a state written by this or a newer version (unknown fields are ignored).
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, serde_json::Error> {
+        Self::deserialize(value)
+    }
+}
+
+/// One prepared device in [`ClaimState`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDeviceState {
+    /// The device name.
+    pub device: String,
+    /// Whether it was allocated with admin access (then it reserves nothing).
+    #[serde(default)]
+    pub admin_access: bool,
+    /// What the device is.
+    #[serde(flatten)]
+    pub kind: PreparedKind,
+}
+
+/// The identity of a prepared device, by type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum PreparedKind {
+    /// A full GPU.
+    Gpu {
+        /// `GPU-…`.
+        uuid: String,
+        /// Device minor.
+        minor: u32,
+        /// PCI bus ID.
+        #[serde(rename = "pciBusID")]
+        pci_bus_id: String,
+    },
+    /// A MIG device.
+    Mig {
+        /// `MIG-…`.
+        uuid: String,
+        /// The parent GPU's UUID.
+        #[serde(rename = "parentUUID")]
+        parent_uuid: String,
+        /// The parent GPU's minor.
+        #[serde(rename = "parentMinor")]
+        parent_minor: u32,
+        /// GPU instance ID.
+        #[serde(rename = "gpuInstanceID")]
+        gpu_instance_id: u32,
+        /// Compute instance ID.
+        #[serde(rename = "computeInstanceID")]
+        compute_instance_id: u32,
+    },
+    /// A GPU passed through with VFIO.
+    Vfio(VfioBinding),
+}
+
+impl PreparedKind {
+    fn pci_bus_id(&self) -> Option<&str> {
+        match self {
+            PreparedKind::Gpu { pci_bus_id, .. } => Some(pci_bus_id),
+            PreparedKind::Vfio(binding) => Some(&binding.bus_id),
+            PreparedKind::Mig { .. } => None,
+        }
+    }
+}
+
+/// Prefix of the reservation key of a whole PCI function, shared by a GPU and its VFIO twin.
+const PCI_KEY_PREFIX: &str = "pci/";
+
+#[derive(Clone, Debug)]
+struct Owner {
+    uid: String,
+    namespace: String,
+    name: String,
+}
+
+/// Device name (and PCI function of full GPUs and VFIO devices) → the claim holding it.
+#[derive(Debug, Default)]
+struct Reservations {
+    by_key: BTreeMap<String, Owner>,
+}
+
+fn reservation_keys(device: &str, kind: &PreparedKind) -> Vec<String> {
+    let mut keys = vec![device.to_owned()];
+    if let Some(bus_id) = kind.pci_bus_id() {
+        keys.push(format!("{PCI_KEY_PREFIX}{bus_id}"));
+    }
+    keys
+}
+
+impl Reservations {
+    fn restore(&mut self, uid: &str, namespace: &str, name: &str, state: &ClaimState) {
+        for device in state.devices.iter().filter(|d| !d.admin_access) {
+            for key in reservation_keys(&device.device, &device.kind) {
+                self.by_key.insert(
+                    key,
+                    Owner {
+                        uid: uid.to_owned(),
+                        namespace: namespace.to_owned(),
+                        name: name.to_owned(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Reserves all keys of a claim, or none.
+    fn reserve(
+        &mut self,
+        claim: &ClaimRef,
+        devices: &[(String, bool, PreparedKind)],
+    ) -> Result<(), DriverError> {
+        for (device, admin, kind) in devices {
+            if *admin {
+                continue;
+            }
+            for key in reservation_keys(device, kind) {
+                if let Some(owner) = self.by_key.get(&key)
+                    && owner.uid != claim.uid
+                {
+                    let what = if key == *device {
+                        "it".to_owned()
+                    } else {
+                        format!("its PCI function {}", &key[PCI_KEY_PREFIX.len()..])
+                    };
+                    return Err(DriverError::Device {
+                        device: device.clone(),
+                        reason: format!(
+                            "{what} is already prepared for claim {}/{} ({}); a device is \
+                             prepared for one claim at a time unless allocated with admin access",
+                            owner.namespace, owner.name, owner.uid
+                        ),
+                    });
+                }
+            }
+        }
+        let owner = Owner {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        };
+        for (device, admin, kind) in devices {
+            if !*admin {
+                for key in reservation_keys(device, kind) {
+                    self.by_key.insert(key, owner.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, uid: &str) {
+        self.by_key.retain(|_, owner| owner.uid != uid);
+    }
+}
+
+impl Inner {
+    fn reservations(&self) -> MutexGuard<'_, Reservations> {
+        // The map stays consistent even if a holder panicked: every update is one insert or
+        // one retain.
+        self.reservations
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn binder(&self) -> VfioBinder<'_> {
+        VfioBinder::new(self.host.as_ref(), self.vfio_poll, self.vfio_timeout)
+    }
+}
+
+/// One allocated device, resolved against the hardware, with its config.
+#[derive(Debug)]
+struct Planned {
+    device: String,
+    admin_access: bool,
+    target: Target,
+    config: NvidiaConfig,
+}
+
+#[derive(Debug)]
+enum Target {
+    Gpu(GpuInfo),
+    Mig { parent: GpuInfo, mig: MigDeviceInfo },
+    Vfio { bus_id: String, minor: Option<u32> },
+}
+
+impl Target {
+    fn device_type(&self) -> DeviceType {
+        match self {
+            Target::Gpu(_) => DeviceType::Gpu,
+            Target::Mig { .. } => DeviceType::Mig,
+            Target::Vfio { .. } => DeviceType::Vfio,
+        }
+    }
+
+    /// The identity reserved before any side effect; a VFIO device's binding is filled in
+    /// once it is bound.
+    fn provisional_kind(&self) -> PreparedKind {
+        match self {
+            Target::Gpu(gpu) => PreparedKind::Gpu {
+                uuid: gpu.uuid.clone(),
+                minor: gpu.minor,
+                pci_bus_id: gpu.pci.bus_id.clone(),
+            },
+            Target::Mig { parent, mig } => PreparedKind::Mig {
+                uuid: mig.uuid.clone(),
+                parent_uuid: parent.uuid.clone(),
+                parent_minor: parent.minor,
+                gpu_instance_id: mig.gpu_instance_id,
+                compute_instance_id: mig.compute_instance_id,
+            },
+            Target::Vfio { bus_id, .. } => PreparedKind::Vfio(VfioBinding {
+                bus_id: bus_id.clone(),
+                iommu_group: 0,
+                vfio_driver: String::new(),
+                previous_driver: None,
+            }),
+        }
+    }
+}
+
+/// The NVIDIA GPU PCI functions (display or 3D controllers) in bus-ID order: the
+/// enumeration `gpu-vfio-<index>` names count in.
+pub fn nvidia_pci_functions(host: &dyn Host) -> Result<Vec<String>, crate::host::HostError> {
+    let devices = match host.read_dir(std::path::Path::new("/sys/bus/pci/devices")) {
+        Ok(devices) => devices,
+        Err(error) if error.is_not_found() => return Ok(Vec::new()),
+        Err(error) => return Err(error),
+    };
+    let mut gpus = Vec::new();
+    for bus_id in devices {
+        let dir = facts::pci_device_dir(&bus_id);
+        let read = |file: &str| -> Result<String, crate::host::HostError> {
+            match host.read_to_string(&dir.join(file)) {
+                Ok(text) => Ok(text.trim().to_ascii_lowercase()),
+                Err(error) if error.is_not_found() => Ok(String::new()),
+                Err(error) => Err(error),
+            }
+        };
+        let class = read("class")?;
+        if read("vendor")? == NVIDIA_VENDOR
+            && (class.starts_with("0x0300") || class.starts_with("0x0302"))
+        {
+            gpus.push(bus_id);
+        }
+    }
+    gpus.sort();
+    Ok(gpus)
+}
+
+fn device_error(device: &str, reason: impl std::fmt::Display) -> DriverError {
+    DriverError::Device {
+        device: device.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Resolves a device name against the inventory (and sysfs for VFIO devices).
+fn resolve(
+    inner: &Inner,
+    inventory: &Inventory,
+    pci_functions: &mut Option<Vec<String>>,
+    device: &str,
+) -> Result<Target, DriverError> {
+    let not_found = |what: String| device_error(device, format!("{what} on this node"));
+    let name = DeviceName::parse(device)
+        .ok_or_else(|| device_error(device, "not a device name this driver publishes"))?;
+    let gpu_by_minor = |minor: u32| {
+        inventory
+            .gpus
+            .iter()
+            .find(|gpu| gpu.info.minor == minor)
+            .ok_or_else(|| not_found(format!("no GPU with minor {minor}")))
+    };
+    match name {
+        DeviceName::Gpu { minor } => Ok(Target::Gpu(gpu_by_minor(minor)?.info.clone())),
+        DeviceName::Mig {
+            parent_minor,
+            profile,
+            profile_id,
+            placement_start,
+        } => {
+            let parent = gpu_by_minor(parent_minor)?;
+            let mig = parent
+                .mig_devices
+                .iter()
+                .find(|mig| {
+                    mig.profile_id == profile_id
+                        && mig.placement.start == placement_start
+                        && DeviceName::mig_profile_part(&mig.profile) == profile
+                })
+                .ok_or_else(|| {
+                    not_found(format!(
+                        "no MIG device with profile {profile} (ID {profile_id}) at placement \
+                         {placement_start} on GPU {parent_minor}"
+                    ))
+                })?;
+            Ok(Target::Mig {
+                parent: parent.info.clone(),
+                mig: mig.clone(),
+            })
+        }
+        DeviceName::Vfio { index } => {
+            if !inner.gates.is_enabled(FeatureGate::PassthroughSupport) {
+                return Err(device_error(
+                    device,
+                    "VFIO devices need the \"PassthroughSupport\" feature gate, which is not \
+                     enabled on this node",
+                ));
+            }
+            if pci_functions.is_none() {
+                *pci_functions = Some(
+                    nvidia_pci_functions(inner.host.as_ref())
+                        .map_err(|error| device_error(device, error))?,
+                );
+            }
+            let bus_id = pci_functions
+                .as_ref()
+                .and_then(|functions| functions.get(index as usize))
+                .cloned()
+                .ok_or_else(|| not_found(format!("no NVIDIA GPU PCI function #{index}")))?;
+            let minor = inventory
+                .gpus
+                .iter()
+                .find(|gpu| gpu.info.pci.bus_id == bus_id)
+                .map(|gpu| gpu.info.minor);
+            Ok(Target::Vfio { bus_id, minor })
+        }
+    }
+}
+
+/// Whether each config applying to `device` names its request explicitly, in the order of
+/// `device.configs`. The SDK resolves configs without keeping their `requests`; this reads
+/// them back from the claim with the same rules (claim configs after class configs, each in
+/// declaration order; empty `requests` = all requests).
+fn names_request(
+    claim: &Claim<NvidiaConfig>,
+    driver_name: &str,
+    device: &AllocatedDevice<NvidiaConfig>,
+) -> Vec<bool> {
+    let configs = claim
+        .resource_claim
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .and_then(|allocation| allocation.devices.as_ref())
+        .and_then(|devices| devices.config.as_ref());
+    let full_request = match &device.subrequest {
+        Some(sub) => format!("{}/{sub}", device.request),
+        None => device.request.clone(),
+    };
+    let mut scoped: Vec<(bool, bool)> = configs
+        .into_iter()
+        .flatten()
+        .filter(|config| {
+            config
+                .opaque
+                .as_ref()
+                .is_some_and(|opaque| opaque.driver == driver_name)
+        })
+        .filter_map(|config| {
+            let requests = config.requests.as_deref().unwrap_or_default();
+            let explicit = requests
+                .iter()
+                .any(|r| *r == full_request || *r == device.request);
+            (requests.is_empty() || explicit).then_some((config.source == "FromClass", explicit))
+        })
+        .collect();
+    // Stable sort: class configs first, as the SDK orders them.
+    scoped.sort_by_key(|(from_class, _)| !*from_class);
+    let flags: Vec<bool> = scoped.into_iter().map(|(_, explicit)| explicit).collect();
+    if flags.len() == device.configs.len() {
+        flags
+    } else {
+        // Cannot happen with the SDK's documented order; treat every config as explicit,
+        // which turns a kind mismatch into an error rather than silently skipping it.
+        vec![true; device.configs.len()]
+    }
+}
+
+/// The result of the blocking part of prepare.
+struct Prepared {
+    edits: Vec<ContainerEdits>,
+    common: ContainerEdits,
+    state: ClaimState,
+}
+
+fn prepare_blocking(
+    inner: &Inner,
+    claim: &ClaimRef,
+    planned: Vec<Planned>,
+) -> Result<Prepared, DriverError> {
+    let reserved: Vec<(String, bool, PreparedKind)> = planned
+        .iter()
+        .map(|p| {
+            (
+                p.device.clone(),
+                p.admin_access,
+                p.target.provisional_kind(),
+            )
+        })
+        .collect();
+    inner.reservations().reserve(claim, &reserved)?;
+
+    let mut bound: Vec<VfioBinding> = Vec::new();
+    let result = prepare_devices(inner, &planned, &mut bound);
+    match result {
+        Ok(prepared) => {
+            // Reserve with the final identities (the VFIO bindings are known now).
+            let mut reservations = inner.reservations();
+            reservations.release(&claim.uid);
+            reservations.restore(&claim.uid, &claim.namespace, &claim.name, &prepared.state);
+            Ok(prepared)
+        }
+        Err(error) => {
+            let binder = inner.binder();
+            for binding in bound.iter().rev() {
+                if let Err(restore) = binder.restore(binding) {
+                    tracing::error!(bus_id = %binding.bus_id, error = %restore, "rolling back a VFIO binding failed");
+                }
+            }
+            inner.reservations().release(&claim.uid);
+            Err(error)
+        }
+    }
+}
+
+fn prepare_devices(
+    inner: &Inner,
+    planned: &[Planned],
+    bound: &mut Vec<VfioBinding>,
+) -> Result<Prepared, DriverError> {
+    let cdi = &inner.cdi;
+    let mut edits = Vec::with_capacity(planned.len());
+    let mut state = ClaimState::default();
+    let mut needs_driver = false;
+    for plan in planned {
+        let (device_edits, kind) = match &plan.target {
+            Target::Gpu(gpu) => {
+                needs_driver = true;
+                let device_edits = cdi
+                    .gpu(gpu.minor)
+                    .map_err(|error| device_error(&plan.device, error))?;
+                (device_edits, plan.target.provisional_kind())
+            }
+            Target::Mig { parent, mig } => {
+                needs_driver = true;
+                let device_edits = cdi
+                    .mig(parent.minor, mig.gpu_instance_id, mig.compute_instance_id)
+                    .map_err(|error| device_error(&plan.device, error))?;
+                (device_edits, plan.target.provisional_kind())
+            }
+            Target::Vfio { bus_id, minor } => {
+                let NvidiaConfig::Vfio(config) = &plan.config else {
+                    return Err(device_error(
+                        &plan.device,
+                        "internal: VFIO device without a VFIO config",
+                    ));
+                };
+                let binding = inner
+                    .binder()
+                    .bind(bus_id, *minor)
+                    .map_err(|error| device_error(&plan.device, error))?;
+                bound.push(binding.clone());
+                let device_edits = vfio_edits(cdi, &binding, config)
+                    .map_err(|error| device_error(&plan.device, error))?;
+                (device_edits, PreparedKind::Vfio(binding))
+            }
+        };
+        edits.push(device_edits);
+        state.devices.push(PreparedDeviceState {
+            device: plan.device.clone(),
+            admin_access: plan.admin_access,
+            kind,
+        });
+    }
+    let common = if needs_driver {
+        let version = inner.backend.driver_version().map_err(|error| {
+            DriverError::Unavailable(format!("reading the driver version: {error}"))
+        })?;
+        cdi.common(&version)
+            .map_err(|error| DriverError::Unavailable(error.to_string()))?
+    } else {
+        ContainerEdits::new()
+    };
+    Ok(Prepared {
+        edits,
+        common,
+        state,
+    })
+}
+
+fn vfio_edits(
+    cdi: &CdiEdits,
+    binding: &VfioBinding,
+    config: &VfioDeviceConfig,
+) -> Result<ContainerEdits, crate::cdi::CdiError> {
+    cdi.vfio(
+        &binding.bus_id,
+        binding.iommu_group,
+        config.backend_policy(),
+        config.enable_api_device(),
+    )
+}
+
+fn unprepare_blocking(
+    inner: &Inner,
+    claim: &ClaimRef,
+    record: &ClaimRecord,
+) -> Result<(), DriverError> {
+    let state = match record.driver_state.as_ref().map(ClaimState::from_value) {
+        None => {
+            // Prepare failed or was interrupted before it returned: it undid its own work.
+            inner.reservations().release(&claim.uid);
+            return Ok(());
+        }
+        Some(Ok(state)) => state,
+        Some(Err(error)) => {
+            return Err(DriverError::other(format!(
+                "the checkpointed driver state of this claim is unreadable ({error}); \
+                 nothing was undone"
+            )));
+        }
+    };
+    let binder = inner.binder();
+    let mut failures = Vec::new();
+    for device in state.devices.iter().rev() {
+        if let PreparedKind::Vfio(binding) = &device.kind
+            && let Err(error) = binder.restore(binding)
+        {
+            failures.push(format!("{}: {error}", device.device));
+        }
+    }
+    if !failures.is_empty() {
+        // Keep the reservations: the devices are not back yet; the kubelet retries.
+        return Err(DriverError::Unavailable(format!(
+            "returning VFIO devices to their driver: {}",
+            failures.join("; ")
+        )));
+    }
+    inner.reservations().release(&claim.uid);
+    Ok(())
+}
+
+fn join_error(error: tokio::task::JoinError) -> DriverError {
+    DriverError::other(format!("prepare task failed: {error}"))
+}
+
+#[async_trait::async_trait]
+impl Driver for NvidiaDriver {
+    type Config = NvidiaConfig;
+
+    fn config_registry(&self) -> ConfigRegistry<NvidiaConfig> {
+        registry()
+    }
+
+    async fn prepare(&self, claim: &Claim<NvidiaConfig>) -> Result<PreparedClaim, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        let inventory = {
+            let backend = Arc::clone(&inner.backend);
+            tokio::task::spawn_blocking(move || backend.inventory())
+                .await
+                .map_err(join_error)?
+                .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))?
+        };
+
+        let mut pci_functions = None;
+        let mut planned = Vec::with_capacity(claim.devices.len());
+        for device in &claim.devices {
+            let target = resolve(&inner, &inventory, &mut pci_functions, &device.device)?;
+            let explicit = names_request(claim, &inner.driver_name, device);
+            let candidates: Vec<CandidateConfig<'_>> = device
+                .configs
+                .iter()
+                .zip(explicit)
+                .map(|(applied, names_request)| CandidateConfig {
+                    config: applied.config.as_ref(),
+                    names_request,
+                })
+                .collect();
+            let config = select_config(
+                target.device_type(),
+                &device.device,
+                &device.request,
+                &candidates,
+            )
+            .map_err(|error| DriverError::InvalidConfig(error.to_string()))?;
+            config.check_supported(&inner.gates).map_err(|error| {
+                DriverError::InvalidConfig(format!(
+                    "{} for {}: {error}",
+                    config.kind(),
+                    device.device
+                ))
+            })?;
+            planned.push(Planned {
+                device: device.device.clone(),
+                admin_access: device.admin_access,
+                target,
+                config,
+            });
+        }
+
+        let claim_ref = claim.claim.clone();
+        let task_inner = Arc::clone(&inner);
+        let prepared =
+            tokio::task::spawn_blocking(move || prepare_blocking(&task_inner, &claim_ref, planned))
+                .await
+                .map_err(join_error)??;
+
+        let devices = claim
+            .devices
+            .iter()
+            .zip(prepared.edits)
+            .map(|(allocated, edits)| PreparedDevice::new(allocated, edits))
+            .collect();
+        let state = serde_json::to_value(&prepared.state).map_err(DriverError::other)?;
+        tracing::info!(claim = %claim.claim, devices = claim.devices.len(), "prepared");
+        Ok(PreparedClaim::new(devices)
+            .with_common_edits(prepared.common)
+            .with_driver_state(state))
+    }
+
+    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
+        let inner = Arc::clone(&self.inner);
+        let claim = claim.clone();
+        let record = record.clone();
+        tokio::task::spawn_blocking(move || unprepare_blocking(&inner, &claim, &record))
+            .await
+            .map_err(join_error)?
+    }
+}
