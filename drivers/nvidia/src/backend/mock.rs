@@ -104,10 +104,12 @@ pub enum ProfileError {
         reason: String,
     },
     /// Not valid YAML for the schema.
-    #[error("mock profile {source_name}: {message}")]
+    #[error("mock profile {source_name}: {}{message}", field.as_deref().map(|field| format!("{field}: ")).unwrap_or_default())]
     Parse {
         /// The profile name or file path.
         source_name: String,
+        /// The field being read, when the error is inside one (`gpus[2].numaNode`).
+        field: Option<String>,
         /// The parser's message, with the location.
         message: String,
     },
@@ -240,11 +242,20 @@ impl MockBackend {
 
     /// A profile from YAML text; `source_name` names it in errors (a file path or a name).
     pub fn from_yaml(source_name: &str, yaml: &str) -> Result<Self, ProfileError> {
-        let file: ProfileFile =
-            serde_saphyr::from_str(yaml).map_err(|error| ProfileError::Parse {
-                source_name: source_name.to_owned(),
-                message: error.to_string(),
-            })?;
+        // serde_path_to_error around the YAML deserializer: the message names the field
+        // (`gpus[2].numaNode`) as well as the line and column.
+        let mut field = None;
+        let file: ProfileFile = serde_saphyr::with_deserializer_from_str(yaml, |deserializer| {
+            serde_path_to_error::deserialize(deserializer).map_err(|error| {
+                field = Some(error.path().to_string());
+                error.into_inner()
+            })
+        })
+        .map_err(|error| ProfileError::Parse {
+            source_name: source_name.to_owned(),
+            field: field.filter(|field| field != "."),
+            message: error.to_string(),
+        })?;
         let default_name = Path::new(source_name)
             .file_stem()
             .and_then(|stem| stem.to_str())

@@ -70,7 +70,13 @@ fn parse_errors_name_the_file_and_the_field() {
         &MINIMAL.replace("migMode: enabled", "migMode: enabled\n    numaNode: three"),
     )
     .unwrap_err();
-    assert!(error.to_string().contains("numaNode"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .starts_with("mock profile bad.yaml: gpus[0].numaNode: "),
+        "{error}"
+    );
+    assert!(error.to_string().contains("line 14 column 15"), "{error}");
 }
 
 #[test]

@@ -1,0 +1,363 @@
+//! Published devices of every shipped profile, checked against the facts of
+//! `shared/reference/nvidia-mig.md` (written out here independently of the profile files), and
+//! against the ResourceSlice limits of every supported Kubernetes release.
+
+use std::collections::BTreeMap;
+
+use dra_driver_nvidia::backend::GpuBackend;
+use dra_driver_nvidia::backend::mock::{MockBackend, ProfileError};
+use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
+use dra_driver_nvidia::host::FakeHostTree;
+use dra_sdk::slices::{AttributeValue, Device, KubernetesVersion, SliceLimits};
+
+/// A GPU model as the reference gives it: name, PCI device ID, compute capability,
+/// architecture.
+struct Model {
+    product_name: &'static str,
+    device_id: &'static str,
+    compute_capability: &'static str,
+    architecture: &'static str,
+    /// MIG rows: name, profile ID, MiB, SM, CE, DEC, ENC, JPG, OFA, placements (start, size).
+    mig: &'static [MigRow],
+}
+
+type MigRow = (
+    &'static str,
+    u32,
+    u64,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    &'static [u32],
+    u32,
+);
+
+const ONE_SLICE: &[u32] = &[0, 1, 2, 3, 4, 5, 6];
+const EVEN: &[u32] = &[0, 2, 4, 6];
+const TWO_SLICE: &[u32] = &[0, 2, 4];
+const HALVES: &[u32] = &[0, 4];
+const FIRST: &[u32] = &[0];
+
+const A100_SXM4_80GB: Model = Model {
+    product_name: "NVIDIA A100-SXM4-80GB",
+    device_id: "0x20b2",
+    compute_capability: "8.0.0",
+    architecture: "Ampere",
+    mig: &[
+        ("1g.10gb", 19, 9728, 14, 1, 0, 0, 0, 0, ONE_SLICE, 1),
+        ("1g.10gb+me", 20, 9728, 14, 1, 1, 0, 1, 1, ONE_SLICE, 1),
+        ("1g.20gb", 15, 19968, 14, 1, 1, 0, 0, 0, EVEN, 2),
+        ("2g.20gb", 14, 19968, 28, 2, 1, 0, 0, 0, TWO_SLICE, 2),
+        ("3g.40gb", 9, 40192, 42, 3, 2, 0, 0, 0, HALVES, 4),
+        ("4g.40gb", 5, 40192, 56, 4, 2, 0, 0, 0, FIRST, 4),
+        ("7g.80gb", 0, 80896, 98, 7, 5, 0, 1, 1, FIRST, 8),
+    ],
+};
+
+const A100_SXM4_40GB: Model = Model {
+    product_name: "NVIDIA A100-SXM4-40GB",
+    device_id: "0x20b0",
+    compute_capability: "8.0.0",
+    architecture: "Ampere",
+    mig: &[
+        ("1g.5gb", 19, 4864, 14, 1, 0, 0, 0, 0, ONE_SLICE, 1),
+        ("1g.5gb+me", 20, 4864, 14, 1, 1, 0, 1, 1, ONE_SLICE, 1),
+        ("1g.10gb", 15, 9856, 14, 1, 1, 0, 0, 0, EVEN, 2),
+        ("2g.10gb", 14, 9856, 28, 2, 1, 0, 0, 0, TWO_SLICE, 2),
+        ("3g.20gb", 9, 19968, 42, 3, 2, 0, 0, 0, HALVES, 4),
+        ("4g.20gb", 5, 19968, 56, 4, 2, 0, 0, 0, FIRST, 4),
+        ("7g.40gb", 0, 40192, 98, 7, 5, 0, 1, 1, FIRST, 8),
+    ],
+};
+
+const H100_80GB_HBM3: Model = Model {
+    product_name: "NVIDIA H100 80GB HBM3",
+    device_id: "0x2330",
+    compute_capability: "9.0.0",
+    architecture: "Hopper",
+    mig: &[
+        ("1g.10gb", 19, 9984, 16, 1, 1, 0, 1, 0, ONE_SLICE, 1),
+        ("1g.10gb+me", 20, 9984, 16, 1, 1, 0, 1, 1, ONE_SLICE, 1),
+        ("1g.20gb", 15, 20096, 26, 1, 1, 0, 1, 0, EVEN, 2),
+        ("2g.20gb", 14, 20096, 32, 2, 2, 0, 2, 0, TWO_SLICE, 2),
+        ("3g.40gb", 9, 40448, 60, 3, 3, 0, 3, 0, HALVES, 4),
+        ("4g.40gb", 5, 40448, 64, 4, 4, 0, 4, 0, FIRST, 4),
+        ("7g.80gb", 0, 81152, 132, 8, 7, 0, 7, 1, FIRST, 8),
+    ],
+};
+
+const TESLA_T4: Model = Model {
+    product_name: "Tesla T4",
+    device_id: "0x1eb8",
+    compute_capability: "7.5.0",
+    architecture: "Turing",
+    mig: &[],
+};
+
+fn model_of(product_name: &str) -> &'static Model {
+    [&A100_SXM4_80GB, &A100_SXM4_40GB, &H100_80GB_HBM3, &TESLA_T4]
+        .into_iter()
+        .find(|model| model.product_name == product_name)
+        .unwrap_or_else(|| panic!("no reference model for {product_name}"))
+}
+
+fn string(device: &Device, name: &str) -> String {
+    match device.attributes.get(name) {
+        Some(AttributeValue::String(value)) => value.clone(),
+        other => panic!("{}: {name} is {other:?}", device.name),
+    }
+}
+
+fn version(device: &Device, name: &str) -> String {
+    match device.attributes.get(name) {
+        Some(AttributeValue::Version(value)) => value.clone(),
+        other => panic!("{}: {name} is {other:?}", device.name),
+    }
+}
+
+fn capacity(device: &Device, name: &str) -> String {
+    device
+        .capacity
+        .get(name)
+        .unwrap_or_else(|| panic!("{}: no capacity {name}", device.name))
+        .value
+        .0
+        .clone()
+}
+
+fn discover(profile: &str, passthrough: bool) -> (tempfile::TempDir, MockBackend, Discovery) {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MockBackend::from_profile(profile).unwrap();
+    let host = FakeHostTree::new(dir.path())
+        .build(backend.hardware())
+        .unwrap();
+    let discovery = Discovery::discover(
+        &backend,
+        &host,
+        &DiscoveryOptions::new().passthrough(passthrough),
+    )
+    .unwrap();
+    (dir, backend, discovery)
+}
+
+/// Every published device carries the reference values of its model.
+fn check_against_reference(profile: &str) -> BTreeMap<&'static str, usize> {
+    let (_dir, _backend, discovery) = discover(profile, true);
+    let mut counts = BTreeMap::new();
+    for device in discovery.devices() {
+        let kind = string(&device, "type");
+        *counts
+            .entry(match kind.as_str() {
+                "gpu" => "gpu",
+                "mig" => "mig",
+                "vfio" => "vfio",
+                other => panic!("unknown type {other}"),
+            })
+            .or_insert(0) += 1;
+        let model = model_of(&string(&device, "productName"));
+        match kind.as_str() {
+            "gpu" | "mig" => {
+                assert_eq!(
+                    string(&device, "architecture"),
+                    model.architecture,
+                    "{}",
+                    device.name
+                );
+                assert_eq!(
+                    version(&device, "cudaComputeCapability"),
+                    model.compute_capability,
+                    "{}",
+                    device.name
+                );
+                assert!(string(&device, "resource.kubernetes.io/pciBusID").starts_with("0000:"));
+            }
+            _ => {
+                assert_eq!(
+                    string(&device, "deviceID"),
+                    model.device_id,
+                    "{}",
+                    device.name
+                );
+                assert_eq!(string(&device, "vendorID"), "0x10de");
+            }
+        }
+        if kind == "mig" {
+            let profile = string(&device, "profile");
+            let row = model
+                .mig
+                .iter()
+                .find(|row| row.0 == profile)
+                .unwrap_or_else(|| {
+                    panic!("{}: {profile} is not in the reference table", device.name)
+                });
+            let (_, id, mib, sm, ce, dec, enc, jpg, ofa, starts, size) = *row;
+            assert!(device.name.ends_with(&format!(
+                "-{id}-{}",
+                device.name.rsplit('-').next().unwrap()
+            )));
+            let start: u32 = device.name.rsplit('-').next().unwrap().parse().unwrap();
+            assert!(starts.contains(&start), "{}: start {start}", device.name);
+            for (name, expected) in [
+                ("multiprocessors", sm),
+                ("copyEngines", ce),
+                ("decoders", dec),
+                ("encoders", enc),
+                ("jpegEngines", jpg),
+                ("ofaEngines", ofa),
+            ] {
+                assert_eq!(
+                    capacity(&device, name),
+                    expected.to_string(),
+                    "{}: {name}",
+                    device.name
+                );
+            }
+            assert_eq!(
+                capacity(&device, "memory"),
+                format!("{mib}Mi"),
+                "{}",
+                device.name
+            );
+            let slices: Vec<u32> = (0..8)
+                .filter(|slice| device.capacity.contains_key(&format!("memorySlice{slice}")))
+                .collect();
+            assert_eq!(
+                slices,
+                (start..start + size).collect::<Vec<_>>(),
+                "{}",
+                device.name
+            );
+        }
+    }
+    counts
+}
+
+#[test]
+fn dgx_a100_matches_the_reference() {
+    let counts = check_against_reference("dgx-a100");
+    // 5 whole GPUs, 14 MIG devices (eleven of them 1g.10gb), and VFIO twins of the 5 GPUs
+    // without MIG devices.
+    assert_eq!(
+        counts,
+        BTreeMap::from([("gpu", 5), ("mig", 14), ("vfio", 5)])
+    );
+    let (_dir, _backend, discovery) = discover("dgx-a100", false);
+    let one_g: usize = discovery
+        .migs
+        .iter()
+        .filter(|mig| mig.profile.name == "1g.10gb")
+        .count();
+    assert_eq!(one_g, 9);
+    assert_eq!(discovery.migs.len(), 14);
+}
+
+#[test]
+fn dgx_h100_matches_the_reference() {
+    let counts = check_against_reference("dgx-h100");
+    assert_eq!(counts, BTreeMap::from([("gpu", 8), ("vfio", 8)]));
+    let (_dir, backend, discovery) = discover("dgx-h100", false);
+    // MIG off, but the profile table is the reference one.
+    for gpu in &backend.inventory().unwrap().gpus {
+        assert_eq!(gpu.mig_mode.map(|mode| mode.current), Some(false));
+        let table: Vec<_> = gpu
+            .mig_profiles
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_str(),
+                    p.id,
+                    p.memory_mib,
+                    p.engines.multiprocessors,
+                    p.placements.len(),
+                )
+            })
+            .collect();
+        let expected: Vec<_> = H100_80GB_HBM3
+            .mig
+            .iter()
+            .map(|row| (row.0, row.1, row.2, row.3, row.9.len()))
+            .collect();
+        assert_eq!(table, expected);
+    }
+    let names: Vec<String> = discovery.devices().into_iter().map(|d| d.name).collect();
+    assert_eq!(
+        names,
+        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn mixed_matches_the_reference() {
+    let counts = check_against_reference("mixed");
+    assert_eq!(
+        counts,
+        BTreeMap::from([("gpu", 1), ("mig", 4), ("vfio", 1)])
+    );
+}
+
+#[test]
+fn workstation_matches_the_reference() {
+    let counts = check_against_reference("workstation");
+    assert_eq!(counts, BTreeMap::from([("gpu", 1), ("vfio", 1)]));
+}
+
+#[test]
+fn every_profile_is_valid_for_every_release() {
+    for (profile, _) in dra_driver_nvidia::backend::mock::SHIPPED_PROFILES {
+        for passthrough in [false, true] {
+            let (_dir, _backend, discovery) = discover(profile, passthrough);
+            let resources = discovery.resources("node-1");
+            assert_eq!(resources.pools.len(), 1);
+            let mut limits: Vec<SliceLimits> = [34, 35, 36]
+                .into_iter()
+                .map(|minor| SliceLimits::for_release(KubernetesVersion::new(1, minor)))
+                .collect();
+            limits.push(SliceLimits::strictest());
+            for limits in limits {
+                if let Err(errors) = resources.validate(&limits) {
+                    panic!(
+                        "{profile} (passthrough {passthrough}) on {:?}: {errors}",
+                        limits.release
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn names_are_stable_across_restarts() {
+    let (_a, _, first) = discover("dgx-a100", true);
+    let (_b, _, second) = discover("dgx-a100", true);
+    assert_eq!(first.devices(), second.devices());
+}
+
+#[test]
+fn a_bad_profile_file_names_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.yaml");
+    std::fs::write(
+        &path,
+        "driverVersion: \"580.126.20\"\ncudaDriverVersion: \"13.0\"\nmodels:\n  t4: { productName: Tesla T4, brand: Nvidia, architecture: Turing, computeCapability: \"7.5\", memoryMiB: 15360, pciDeviceId: \"0x1eb8\" }\ngpus:\n  - { model: t4, pciBusId: \"0000:01:00.0\", migMode: enabled }\n",
+    )
+    .unwrap();
+    let error = MockBackend::from_profile(path.to_str().unwrap()).unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, ProfileError::Invalid { .. }), "{message}");
+    assert!(message.contains("broken.yaml"), "{message}");
+    assert!(message.contains("gpus[0].migMode"), "{message}");
+
+    std::fs::write(&path, "driverVersion: [\n").unwrap();
+    let error = MockBackend::from_profile(path.to_str().unwrap()).unwrap_err();
+    assert!(matches!(error, ProfileError::Parse { .. }), "{error}");
+    assert!(error.to_string().contains("broken.yaml"), "{error}");
+
+    std::fs::write(&path, "driverVersion: \"1\"\ncudaDriverVersion: \"13.0\"\nmodels: {}\ngpus:\n  - { model: x, pciBusId: 7, typo: 1 }\n").unwrap();
+    let message = MockBackend::from_profile(path.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("typo"), "{message}");
+}
