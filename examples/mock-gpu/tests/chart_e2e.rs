@@ -1,0 +1,380 @@
+//! The Helm chart on a real v1.36.2 API server (the SDK's e2e harness): every object `helm
+//! template` renders is accepted by a server-side apply with strict field validation; then the
+//! plugin binary runs with a token of the chart's ServiceAccount bound to a pod on its node,
+//! as the kubelet would mount it: it publishes, updates and deletes its own node's slices and
+//! prepares a claim for a pod (each RBAC verb of the chart used), while the chart's
+//! ValidatingAdmissionPolicy denies it any write to another node's or another driver's slice,
+//! and any write with a token that names no node. Needs `HELM` and `DRA_E2E_K8S_BIN`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use support::chart::{describe, helm_or_skip, render};
+
+const RELEASE: &str = "mock-gpu";
+const DRIVER: &str = "gpu.example.com";
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
+    let Some(helm) = helm_or_skip() else { return };
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let cluster = RealCluster::builder(binaries)
+        .nodes(["node-1", "node-2"])
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
+    let admin = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("chart").await.unwrap();
+
+    // The DaemonSet selects no node here: its pods would need the image, and its host paths
+    // would be this machine's. The plugin runs as a process below, with the pod's identity.
+    let documents = render(
+        &helm,
+        RELEASE,
+        &namespace,
+        &[
+            "--set",
+            "kubeletPlugin.nodeSelector.dra-sdk\\.dev/chart-e2e=never",
+        ],
+    )
+    .unwrap();
+    apply_strictly(&admin, &documents).await;
+    let service_account = documents
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_owned();
+
+    // A token for the ServiceAccount bound to a pod on node-1, like the one the kubelet mounts
+    // into the plugin's pod: it names the node.
+    let holder = holder_pod(&admin, &namespace, &service_account, "node-1").await;
+    let bound = request_token(&admin, &namespace, &service_account, Some(&holder)).await;
+    let kubeconfig = token_kubeconfig(&cluster, &bound, "plugin-node-1");
+    let node = cluster.node("node-1").unwrap();
+
+    // 130 devices need several slices: create.
+    let mut plugin = spawn_plugin(&cluster, "plugin-a", &kubeconfig, 130);
+    let slices = wait_for_slices(&admin, "node-1", |s| {
+        s.len() >= 2
+            && s.iter()
+                .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+                .sum::<usize>()
+                == 130
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    let first_versions: Vec<_> = slices
+        .iter()
+        .map(|s| s.metadata.resource_version.clone())
+        .collect();
+    plugin.stop();
+
+    // Restarted with 4: one slice updated, the others deleted.
+    let mut plugin = spawn_plugin(&cluster, "plugin-b", &kubeconfig, 4);
+    let slices = wait_for_slices(&admin, "node-1", |s| {
+        s.len() == 1 && s[0].spec.devices.as_ref().is_some_and(|d| d.len() == 4)
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    assert!(!first_versions.contains(&slices[0].metadata.resource_version));
+    node.wait_for_registration(DRIVER, 0, TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+
+    // A pod with a claim from the chart's DeviceClass: the plugin reads the claim (get) to
+    // prepare it.
+    let template =
+        workload::claim_template(&namespace, "one-gpu", DRIVER, Value::Null, None).unwrap();
+    Api::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let pod = workload::pod_using(
+        &namespace,
+        "uses-a-gpu",
+        "node-1",
+        &ClaimSource::Template("one-gpu".into()),
+        &["ctr"],
+    );
+    Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    workload::wait_for_pod_running(&admin, &namespace, "uses-a-gpu", TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+
+    // The policy: the same token may not touch node-2's slices or another driver's.
+    let as_plugin = client_from(&kubeconfig).await;
+    let denied = write_denied(&as_plugin, &admin, slice("other-node", "node-2", DRIVER)).await;
+    assert!(
+        denied.contains("may only write ResourceSlices of its own node"),
+        "{denied}"
+    );
+    let denied = write_denied(
+        &as_plugin,
+        &admin,
+        slice("other-driver", "node-1", "x.example.com"),
+    )
+    .await;
+    assert!(denied.contains("of driver gpu.example.com"), "{denied}");
+    // Nor delete another node's slice that an admin created.
+    let slices_api = Api::<ResourceSlice>::all(admin.clone());
+    slices_api
+        .create(
+            &PostParams::default(),
+            &slice("node-2-slice", "node-2", DRIVER),
+        )
+        .await
+        .unwrap();
+    let error = Api::<ResourceSlice>::all(as_plugin.clone())
+        .delete("node-2-slice", &DeleteParams::default())
+        .await
+        .expect_err("the plugin deleted node-2's slice");
+    assert!(error.to_string().contains("its own node"), "{error}");
+    slices_api
+        .delete("node-2-slice", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // A token of the same ServiceAccount bound to no pod names no node: no slice writes.
+    let unbound = request_token(&admin, &namespace, &service_account, None).await;
+    let unbound = client_from(&token_kubeconfig(&cluster, &unbound, "plugin-unbound")).await;
+    let denied = write_denied(&unbound, &admin, slice("unbound", "node-1", DRIVER)).await;
+    assert!(denied.contains("the token has no node name"), "{denied}");
+
+    workload::delete_pods(&admin, &namespace, &["uses-a-gpu"], TIMEOUT)
+        .await
+        .unwrap();
+    plugin.stop();
+}
+
+/// Server-side apply of each object with `fieldValidation=Strict`, which fails on any field
+/// the server does not know; a control object with a misspelled field must fail.
+async fn apply_strictly(client: &kube::Client, documents: &[Value]) {
+    let params = PatchParams::apply("dra-sdk-chart-e2e").validation_strict();
+    for document in documents {
+        let (api, name) = dynamic_api(client, document).await;
+        api.patch(&name, &params, &Patch::Apply(document))
+            .await
+            .unwrap_or_else(|error| panic!("{}: {error}", describe(document)));
+    }
+    let mut bad = documents
+        .iter()
+        .find(|d| d["kind"] == "DeviceClass")
+        .unwrap()
+        .clone();
+    bad["spec"]["selector"] = json!([]);
+    let (api, name) = dynamic_api(client, &bad).await;
+    let error = api
+        .patch(&name, &params, &Patch::Apply(&bad))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("selector"), "{error}");
+}
+
+async fn dynamic_api(client: &kube::Client, document: &Value) -> (Api<DynamicObject>, String) {
+    let api_version = document["apiVersion"].as_str().unwrap();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, document["kind"].as_str().unwrap());
+    let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
+    let name = document["metadata"]["name"].as_str().unwrap().to_owned();
+    let api = match (
+        capabilities.scope,
+        document["metadata"]["namespace"].as_str(),
+    ) {
+        (kube::discovery::Scope::Namespaced, Some(namespace)) => {
+            Api::namespaced_with(client.clone(), namespace, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    (api, name)
+}
+
+/// A pod of `service_account` bound to `node` (no scheduler involved), to bind a token to.
+async fn holder_pod(
+    client: &kube::Client,
+    namespace: &str,
+    service_account: &str,
+    node: &str,
+) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": format!("token-holder-{node}"), "namespace": namespace },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{ "name": "pause", "image": workload::POD_IMAGE }],
+        },
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+/// A token of the ServiceAccount from the TokenRequest API, bound to `pod` if given.
+async fn request_token(
+    client: &kube::Client,
+    namespace: &str,
+    service_account: &str,
+    pod: Option<&Pod>,
+) -> String {
+    // Through JSON: the spec's fields differ between Kubernetes releases of the types.
+    let mut spec = json!({ "expirationSeconds": 3600 });
+    if let Some(pod) = pod {
+        spec["boundObjectRef"] = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "name": pod.metadata.name, "uid": pod.metadata.uid,
+        });
+    }
+    let request: TokenRequest = serde_json::from_value(
+        json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec }),
+    )
+    .unwrap();
+    let answer = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(service_account, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    serde_json::to_value(answer).unwrap()["status"]["token"]
+        .as_str()
+        .expect("a token in the TokenRequest's status")
+        .to_owned()
+}
+
+/// A kubeconfig for the cluster that authenticates with `token`.
+fn token_kubeconfig(cluster: &RealCluster, token: &str, name: &str) -> PathBuf {
+    let admin: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap()).unwrap();
+    let cluster_entry = serde_json::to_string(&admin["clusters"][0]["cluster"]).unwrap();
+    let path = cluster.path().join(format!("{name}.kubeconfig"));
+    // JSON is YAML: no escaping to get wrong.
+    let text = format!(
+        r#"{{"apiVersion": "v1", "kind": "Config",
+  "clusters": [{{"name": "e2e", "cluster": {cluster_entry}}}],
+  "users": [{{"name": "{name}", "user": {{"token": "{token}"}}}}],
+  "contexts": [{{"name": "e2e", "context": {{"cluster": "e2e", "user": "{name}"}}}}],
+  "current-context": "e2e"}}"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn client_from(kubeconfig: &Path) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+fn spawn_plugin(
+    cluster: &RealCluster,
+    name: &str,
+    kubeconfig: &Path,
+    devices: u32,
+) -> dra_sdk::testing::e2e::ManagedProcess {
+    let node = cluster.node("node-1").unwrap();
+    let args: Vec<String> = vec![
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--node-name".into(),
+        node.name().into(),
+        "--num-devices".into(),
+        devices.to_string(),
+        "--kubelet-registrar-directory-path".into(),
+        node.registrar_dir().display().to_string(),
+        "--kubelet-plugins-directory-path".into(),
+        node.plugins_dir().display().to_string(),
+        "--cdi-root".into(),
+        node.cdi_root().display().to_string(),
+    ];
+    cluster
+        .spawn_program(
+            name,
+            Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")),
+            &args,
+        )
+        .unwrap()
+}
+
+/// The driver's slices of `node` once `done` holds for them.
+async fn wait_for_slices(
+    client: &kube::Client,
+    node: &str,
+    done: impl Fn(&[ResourceSlice]) -> bool,
+) -> Result<Vec<ResourceSlice>, String> {
+    let api = Api::<ResourceSlice>::all(client.clone());
+    let params =
+        ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let slices = api.list(&params).await.map_err(|e| e.to_string())?.items;
+        if done(&slices) {
+            return Ok(slices);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} slices of {node}, not the expected ones",
+                slices.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn slice(name: &str, node: &str, driver: &str) -> ResourceSlice {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": name },
+        "spec": {
+            "driver": driver, "nodeName": node,
+            "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
+            "devices": [{ "name": "gpu-x" }],
+        },
+    }))
+    .unwrap()
+}
+
+/// Creates `slice` as `client` and returns the API server's refusal. The policy takes effect
+/// a moment after it is created: a write that got through before is undone and retried.
+async fn write_denied(client: &kube::Client, admin: &kube::Client, slice: ResourceSlice) -> String {
+    let name = slice.metadata.name.clone().unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match Api::<ResourceSlice>::all(client.clone())
+            .create(&PostParams::default(), &slice)
+            .await
+        {
+            Err(error) => return error.to_string(),
+            Ok(_) => {
+                Api::<ResourceSlice>::all(admin.clone())
+                    .delete(&name, &DeleteParams::default())
+                    .await
+                    .unwrap();
+                assert!(
+                    Instant::now() < deadline,
+                    "writing slice {name} was never denied"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
