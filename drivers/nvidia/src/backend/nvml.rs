@@ -1,1 +1,601 @@
-//! The NVML backend (feature `nvml`): being written.
+//! The NVML backend (feature `nvml`), on nvml-wrapper.
+//!
+//! The library (`libnvidia-ml.so.1`, or a path under the driver root) is loaded when
+//! [`NvmlBackend::open`] runs, not at link time, so the crate builds and its tests run on
+//! machines without the NVIDIA driver; a missing library is [`BackendError::LibraryNotFound`]
+//! with a hint.
+//!
+//! Read-only: nothing here changes GPU, MIG or driver settings.
+//!
+//! nvml-wrapper 0.11 wraps the GPU queries but none of the MIG instance queries
+//! (`nvmlDeviceGetMigDeviceHandleByIndex`, `nvmlDeviceGetGpuInstanceId`,
+//! `nvmlGpuInstanceGetInfo`, the GPU-instance profile and placement queries). Those go
+//! through the raw bindings of nvml-wrapper-sys in the `ffi` submodule, the one place in the
+//! crate that allows `unsafe`; every call checks that the driver exports the symbol first
+//! (an older driver is [`BackendError::Unsupported`], not a panic).
+//!
+//! Derived values, as upstream derives them: the architecture from the compute capability
+//! (`8.0` Ampere, `9.0` Hopper …), the brand from NVML's brand enum in upstream's spelling
+//! (`Nvidia`, `Tesla` …). NVML does not report the PCIe root; discovery reads it from sysfs.
+
+use std::ffi::OsStr;
+use std::fmt;
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::error::NvmlError;
+
+use super::{
+    BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, MigDeviceInfo,
+    MigMode, MigProfileInfo, PciInfo,
+};
+
+/// The NVML library's default name, found through the dynamic loader's search path.
+pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
+
+/// A [`GpuBackend`] on NVML.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    mig: ffi::MigLib,
+    library: String,
+}
+
+impl fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("library", &self.library)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlBackend {
+    /// Loads [`DEFAULT_LIBRARY`] and initializes NVML.
+    pub fn open_default() -> Result<Self, BackendError> {
+        Self::open(DEFAULT_LIBRARY)
+    }
+
+    /// Loads the NVML library at `library` (a name for the loader's search path, or a path
+    /// such as `/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`) and initializes
+    /// NVML.
+    pub fn open(library: impl AsRef<OsStr>) -> Result<Self, BackendError> {
+        let library_name = library.as_ref().to_string_lossy().into_owned();
+        let nvml =
+            Nvml::builder()
+                .lib_path(library.as_ref())
+                .init()
+                .map_err(|error| match error {
+                    NvmlError::LibloadingError(error) => BackendError::LibraryNotFound {
+                        library: library_name.clone(),
+                        reason: error.to_string(),
+                    },
+                    NvmlError::LibraryNotFound => BackendError::LibraryNotFound {
+                        library: library_name.clone(),
+                        reason: "NVML reports its library missing".into(),
+                    },
+                    other => BackendError::Init {
+                        reason: other.to_string(),
+                    },
+                })?;
+        let mig = ffi::MigLib::load(library.as_ref()).map_err(|reason| {
+            BackendError::LibraryNotFound {
+                library: library_name.clone(),
+                reason,
+            }
+        })?;
+        tracing::info!(library = %library_name, "NVML initialized");
+        Ok(Self {
+            nvml,
+            mig,
+            library: library_name,
+        })
+    }
+
+    fn device(&self, uuid: &str) -> Result<nvml_wrapper::Device<'_>, BackendError> {
+        self.nvml.device_by_uuid(uuid).map_err(|error| match error {
+            NvmlError::NotFound | NvmlError::InvalidArg => BackendError::NoSuchGpu {
+                uuid: uuid.to_owned(),
+            },
+            other => query("device handle", Some(uuid), other),
+        })
+    }
+
+    fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
+        let device = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|error| query(&format!("GPU {index}"), None, error))?;
+        let uuid = device
+            .uuid()
+            .map_err(|error| query(&format!("UUID of GPU {index}"), None, error))?;
+        let gpu = Some(uuid.as_str());
+        let minor = device
+            .minor_number()
+            .map_err(|error| query("minor number", gpu, error))?;
+        let product_name = device.name().map_err(|error| query("name", gpu, error))?;
+        let brand = device
+            .brand()
+            .map(brand_name)
+            .map_err(|error| query("brand", gpu, error))?;
+        let capability = device
+            .cuda_compute_capability()
+            .map_err(|error| query("compute capability", gpu, error))?;
+        let cuda_compute_capability = ComputeCapability::new(
+            u32::try_from(capability.major).unwrap_or(0),
+            u32::try_from(capability.minor).unwrap_or(0),
+        );
+        let memory_bytes = device
+            .memory_info()
+            .map_err(|error| query("memory", gpu, error))?
+            .total;
+        let pci = device
+            .pci_info()
+            .map_err(|error| query("PCI info", gpu, error))?;
+        // NVML's pciDeviceId is device << 16 | vendor.
+        let mut pci_info = PciInfo::new(
+            &pci.bus_id,
+            (pci.pci_device_id & 0xffff) as u16,
+            (pci.pci_device_id >> 16) as u16,
+        )?;
+        pci_info.subsystem_id = pci.pci_sub_system_id;
+        Ok(GpuInfo {
+            index,
+            minor,
+            numa_node: self.mig.numa_node(&device),
+            uuid,
+            product_name,
+            brand,
+            architecture: architecture(cuda_compute_capability).to_owned(),
+            cuda_compute_capability,
+            memory_bytes,
+            pci: pci_info,
+            pcie_root: None,
+            addressing_mode: None,
+        })
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn name(&self) -> String {
+        "nvml".to_owned()
+    }
+
+    fn driver_version(&self) -> Result<String, BackendError> {
+        self.nvml
+            .sys_driver_version()
+            .map_err(|error| query("driver version", None, error))
+    }
+
+    fn cuda_driver_version(&self) -> Result<CudaDriverVersion, BackendError> {
+        self.nvml
+            .sys_cuda_driver_version()
+            .map(CudaDriverVersion::from_nvml)
+            .map_err(|error| query("CUDA driver version", None, error))
+    }
+
+    fn gpus(&self) -> Result<Vec<GpuInfo>, BackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|error| query("GPU count", None, error))?;
+        (0..count).map(|index| self.gpu_info(index)).collect()
+    }
+
+    fn mig_mode(&self, gpu_uuid: &str) -> Result<Option<MigMode>, BackendError> {
+        match self.device(gpu_uuid)?.mig_mode() {
+            Ok(mode) => Ok(Some(MigMode {
+                current: mode.current == 1,
+                pending: mode.pending == 1,
+            })),
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(error) => Err(query("MIG mode", Some(gpu_uuid), error)),
+        }
+    }
+
+    fn mig_devices(&self, gpu_uuid: &str) -> Result<Vec<MigDeviceInfo>, BackendError> {
+        if !self.mig_mode(gpu_uuid)?.is_some_and(|mode| mode.current) {
+            return Ok(Vec::new());
+        }
+        let device = self.device(gpu_uuid)?;
+        let profiles = self.mig.profiles(&device, gpu_uuid)?;
+        self.mig
+            .mig_devices(&self.nvml, &device, gpu_uuid, &profiles)
+    }
+
+    fn mig_profiles(&self, gpu_uuid: &str) -> Result<Vec<MigProfileInfo>, BackendError> {
+        if self.mig_mode(gpu_uuid)?.is_none() {
+            return Ok(Vec::new());
+        }
+        let device = self.device(gpu_uuid)?;
+        self.mig.profiles(&device, gpu_uuid)
+    }
+}
+
+fn query(what: &str, gpu: Option<&str>, error: NvmlError) -> BackendError {
+    BackendError::Query {
+        what: what.to_owned(),
+        gpu: gpu.map(str::to_owned),
+        reason: error.to_string(),
+    }
+}
+
+/// The architecture family of a compute capability, as upstream names it.
+pub fn architecture(capability: ComputeCapability) -> &'static str {
+    match (capability.major, capability.minor) {
+        (1, _) => "Tesla",
+        (2, _) => "Fermi",
+        (3, _) => "Kepler",
+        (5, _) => "Maxwell",
+        (6, _) => "Pascal",
+        (7, minor) if minor < 5 => "Volta",
+        (7, _) => "Turing",
+        (8, 9) => "Ada Lovelace",
+        (8, _) => "Ampere",
+        (9, _) => "Hopper",
+        (10 | 12, _) => "Blackwell",
+        _ => "Unknown",
+    }
+}
+
+/// NVML's brand, in upstream's spelling.
+fn brand_name(brand: Brand) -> String {
+    let name = match brand {
+        Brand::Unknown => "Unknown",
+        Brand::Quadro => "Quadro",
+        Brand::Tesla => "Tesla",
+        Brand::NVS => "NVS",
+        Brand::GRID => "Grid",
+        Brand::GeForce => "GeForce",
+        Brand::Titan => "Titan",
+        Brand::VApps => "NvidiaVApps",
+        Brand::VPC => "NvidiaVPC",
+        Brand::VCS => "NvidiaVCS",
+        Brand::VWS => "NvidiaVWS",
+        Brand::CloudGaming => "NvidiaCloudGaming",
+        Brand::QuadroRTX => "QuadroRTX",
+        Brand::NvidiaRTX => "NvidiaRTX",
+        Brand::Nvidia => "Nvidia",
+        Brand::GeForceRTX => "GeForceRTX",
+        Brand::TitanRTX => "TitanRTX",
+        #[allow(unreachable_patterns)] // newer nvml-wrapper releases add brands
+        _ => "Unknown",
+    };
+    name.to_owned()
+}
+
+/// The raw NVML calls nvml-wrapper 0.11 does not wrap.
+#[allow(unsafe_code)]
+mod ffi {
+    use std::ffi::{CStr, OsStr};
+
+    use nvml_wrapper::error::nvml_try;
+    use nvml_wrapper::{Device, Nvml};
+    use nvml_wrapper_sys::bindings::{
+        NVML_GPU_INSTANCE_PROFILE_COUNT, NvmlLib, nvmlDevice_t, nvmlGpuInstance_t,
+        nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+    };
+
+    use crate::backend::{BackendError, MigDeviceInfo, MigEngines, MigPlacement, MigProfileInfo};
+
+    /// A second handle on the NVML library nvml-wrapper loaded (the dynamic loader returns the
+    /// same instance, so NVML's initialization and device handles are shared), for the raw
+    /// MIG calls.
+    pub(super) struct MigLib {
+        lib: NvmlLib,
+    }
+
+    fn failed(what: &str, gpu: &str, code: nvmlReturn_t) -> BackendError {
+        BackendError::Query {
+            what: what.to_owned(),
+            gpu: Some(gpu.to_owned()),
+            reason: match nvml_try(code) {
+                Err(error) => error.to_string(),
+                Ok(()) => format!("NVML returned {code}"),
+            },
+        }
+    }
+
+    fn unsupported(function: &str) -> BackendError {
+        BackendError::Unsupported {
+            what: format!("{function} (not exported by this NVIDIA driver)"),
+            backend: "nvml".into(),
+        }
+    }
+
+    impl MigLib {
+        pub(super) fn load(library: &OsStr) -> Result<Self, String> {
+            // SAFETY: loading the NVML library runs no code beyond its initializers, which
+            // nvml-wrapper has already run by loading the same library.
+            let lib = unsafe { NvmlLib::new(library) }.map_err(|error| error.to_string())?;
+            Ok(Self { lib })
+        }
+
+        /// NUMA node of a GPU, when the driver exports `nvmlDeviceGetNumaNodeId` and knows it.
+        pub(super) fn numa_node(&self, device: &Device<'_>) -> Option<u32> {
+            self.lib.nvmlDeviceGetNumaNodeId.as_ref().ok()?;
+            let mut node = 0;
+            // SAFETY: the symbol exists (checked above), the handle is a live device handle
+            // of the same NVML instance, and `node` is a valid out-pointer.
+            let code = unsafe { self.lib.nvmlDeviceGetNumaNodeId(device.handle(), &mut node) };
+            (code == nvmlReturn_enum_NVML_SUCCESS).then_some(node)
+        }
+
+        /// The GPU-instance profiles of a GPU with their placements. Profiles NVML answers
+        /// NOT_SUPPORTED or INVALID_ARGUMENT for are skipped, as upstream does.
+        pub(super) fn profiles(
+            &self,
+            device: &Device<'_>,
+            gpu: &str,
+        ) -> Result<Vec<MigProfileInfo>, BackendError> {
+            if self.lib.nvmlDeviceGetGpuInstanceProfileInfoV.is_err() {
+                return Err(unsupported("nvmlDeviceGetGpuInstanceProfileInfoV"));
+            }
+            if self
+                .lib
+                .nvmlDeviceGetGpuInstancePossiblePlacements_v2
+                .is_err()
+            {
+                return Err(unsupported("nvmlDeviceGetGpuInstancePossiblePlacements_v2"));
+            }
+            // SAFETY: a live device handle of the same NVML instance.
+            let handle: nvmlDevice_t = unsafe { device.handle() };
+            let mut profiles = Vec::new();
+            for profile in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
+                // SAFETY: a plain C struct of integers and a char array; all zero is valid.
+                let mut info: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
+                // NVML's versioned-struct convention: size | version << 24.
+                info.version =
+                    (std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32) | (2 << 24);
+                // SAFETY: symbol checked above; `info` is a valid, versioned out-struct.
+                let code = unsafe {
+                    self.lib
+                        .nvmlDeviceGetGpuInstanceProfileInfoV(handle, profile, &mut info)
+                };
+                if code == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+                    || code == nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+                {
+                    continue;
+                }
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(
+                        &format!("GPU-instance profile {profile}"),
+                        gpu,
+                        code,
+                    ));
+                }
+                // The name is NUL-terminated within its 96 bytes ("MIG 1g.10gb").
+                let bytes: Vec<u8> = info.name.iter().map(|c| *c as u8).collect();
+                let name = CStr::from_bytes_until_nul(&bytes)
+                    .map(|name| name.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
+                let name = name.trim().trim_start_matches("MIG ").to_owned();
+                profiles.push(MigProfileInfo {
+                    id: info.id,
+                    name,
+                    slice_count: info.sliceCount,
+                    max_instances: info.instanceCount,
+                    memory_mib: info.memorySizeMB,
+                    engines: MigEngines {
+                        multiprocessors: info.multiprocessorCount,
+                        copy_engines: info.copyEngineCount,
+                        decoders: info.decoderCount,
+                        encoders: info.encoderCount,
+                        jpeg_engines: info.jpegCount,
+                        ofa_engines: info.ofaCount,
+                    },
+                    placements: self.placements(handle, info.id, gpu)?,
+                });
+            }
+            Ok(profiles)
+        }
+
+        fn placements(
+            &self,
+            handle: nvmlDevice_t,
+            profile_id: u32,
+            gpu: &str,
+        ) -> Result<Vec<MigPlacement>, BackendError> {
+            let what = || format!("placements of GPU-instance profile {profile_id}");
+            // A profile has at most 8 placements (one per memory slice); ask for room for
+            // more so that a future GPU is not cut short.
+            let mut placements = [nvmlGpuInstancePlacement_t { start: 0, size: 0 }; 32];
+            let mut count = placements.len() as u32;
+            // SAFETY: symbol checked by the caller; the array has room for `count` entries.
+            let code = unsafe {
+                self.lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+                    handle,
+                    profile_id,
+                    placements.as_mut_ptr(),
+                    &mut count,
+                )
+            };
+            if code != nvmlReturn_enum_NVML_SUCCESS {
+                return Err(failed(&what(), gpu, code));
+            }
+            Ok(placements
+                .iter()
+                .take(count as usize)
+                .map(|placement| MigPlacement::new(placement.start, placement.size))
+                .collect())
+        }
+
+        /// The MIG devices of a GPU in MIG mode.
+        pub(super) fn mig_devices(
+            &self,
+            nvml: &Nvml,
+            device: &Device<'_>,
+            gpu: &str,
+            profiles: &[MigProfileInfo],
+        ) -> Result<Vec<MigDeviceInfo>, BackendError> {
+            for (present, name) in [
+                (
+                    self.lib.nvmlDeviceGetMaxMigDeviceCount.is_ok(),
+                    "nvmlDeviceGetMaxMigDeviceCount",
+                ),
+                (
+                    self.lib.nvmlDeviceGetMigDeviceHandleByIndex.is_ok(),
+                    "nvmlDeviceGetMigDeviceHandleByIndex",
+                ),
+                (
+                    self.lib.nvmlDeviceGetGpuInstanceId.is_ok(),
+                    "nvmlDeviceGetGpuInstanceId",
+                ),
+                (
+                    self.lib.nvmlDeviceGetComputeInstanceId.is_ok(),
+                    "nvmlDeviceGetComputeInstanceId",
+                ),
+                (
+                    self.lib.nvmlDeviceGetGpuInstanceById.is_ok(),
+                    "nvmlDeviceGetGpuInstanceById",
+                ),
+                (
+                    self.lib.nvmlGpuInstanceGetInfo.is_ok(),
+                    "nvmlGpuInstanceGetInfo",
+                ),
+            ] {
+                if !present {
+                    return Err(unsupported(name));
+                }
+            }
+            // SAFETY: a live device handle of the same NVML instance.
+            let handle: nvmlDevice_t = unsafe { device.handle() };
+            let mut max = 0;
+            // SAFETY: symbols checked above; out-pointers are valid locals.
+            let code = unsafe { self.lib.nvmlDeviceGetMaxMigDeviceCount(handle, &mut max) };
+            if code != nvmlReturn_enum_NVML_SUCCESS {
+                return Err(failed("MIG device count", gpu, code));
+            }
+            let mut devices = Vec::new();
+            for index in 0..max {
+                let mut mig: nvmlDevice_t = std::ptr::null_mut();
+                // SAFETY: as above.
+                let code = unsafe {
+                    self.lib
+                        .nvmlDeviceGetMigDeviceHandleByIndex(handle, index, &mut mig)
+                };
+                if code == nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
+                    continue; // an empty slot
+                }
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(&format!("MIG device {index}"), gpu, code));
+                }
+                let (mut gi, mut ci) = (0, 0);
+                // SAFETY: `mig` is the MIG device handle NVML just returned.
+                let code = unsafe { self.lib.nvmlDeviceGetGpuInstanceId(mig, &mut gi) };
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(
+                        &format!("GPU instance of MIG device {index}"),
+                        gpu,
+                        code,
+                    ));
+                }
+                // SAFETY: as above.
+                let code = unsafe { self.lib.nvmlDeviceGetComputeInstanceId(mig, &mut ci) };
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(
+                        &format!("compute instance of MIG device {index}"),
+                        gpu,
+                        code,
+                    ));
+                }
+                let mut instance: nvmlGpuInstance_t = std::ptr::null_mut();
+                // SAFETY: as above.
+                let code = unsafe {
+                    self.lib
+                        .nvmlDeviceGetGpuInstanceById(handle, gi, &mut instance)
+                };
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(&format!("GPU instance {gi}"), gpu, code));
+                }
+                // SAFETY: a plain C struct; all zero (null device pointer) is valid.
+                let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
+                // SAFETY: `instance` is the handle NVML just returned; `info` a valid out-struct.
+                let code = unsafe { self.lib.nvmlGpuInstanceGetInfo(instance, &mut info) };
+                if code != nvmlReturn_enum_NVML_SUCCESS {
+                    return Err(failed(&format!("info of GPU instance {gi}"), gpu, code));
+                }
+                // SAFETY: `mig` is a live MIG device handle of this NVML instance; the
+                // wrapper only reads through it.
+                let mig_device = unsafe { Device::new(mig, nvml) };
+                let wrap =
+                    |what: &str, error: nvml_wrapper::error::NvmlError| BackendError::Query {
+                        what: format!("{what} of MIG device {index} (GPU instance {gi})"),
+                        gpu: Some(gpu.to_owned()),
+                        reason: error.to_string(),
+                    };
+                let uuid = mig_device.uuid().map_err(|error| wrap("UUID", error))?;
+                let attributes = mig_device
+                    .attributes()
+                    .map_err(|error| wrap("attributes", error))?;
+                let memory_bytes = match mig_device.memory_info() {
+                    Ok(memory) => memory.total,
+                    Err(_) => attributes.memory_size_mb.saturating_mul(1024 * 1024),
+                };
+                let profile = profiles
+                    .iter()
+                    .find(|profile| profile.id == info.profileId)
+                    .map(|profile| profile.name.clone())
+                    .unwrap_or_else(|| {
+                        format!(
+                            "{}g.{}gb",
+                            attributes.gpu_instance_slice_count,
+                            attributes.memory_size_mb.div_ceil(1024)
+                        )
+                    });
+                devices.push(MigDeviceInfo {
+                    uuid,
+                    gpu_instance_id: gi,
+                    compute_instance_id: ci,
+                    profile_id: info.profileId,
+                    profile,
+                    placement: MigPlacement::new(info.placement.start, info.placement.size),
+                    memory_bytes,
+                    engines: MigEngines {
+                        multiprocessors: attributes.multiprocessor_count,
+                        copy_engines: attributes.shared_copy_engine_count,
+                        decoders: attributes.shared_decoder_count,
+                        encoders: attributes.shared_encoder_count,
+                        jpeg_engines: attributes.shared_jpeg_count,
+                        ofa_engines: attributes.shared_ofa_count,
+                    },
+                });
+            }
+            Ok(devices)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_a_clear_error() {
+        let error = NvmlBackend::open("/nonexistent/libnvidia-ml.so.1").unwrap_err();
+        assert!(
+            matches!(error, BackendError::LibraryNotFound { .. }),
+            "{error}"
+        );
+        let message = error.to_string();
+        assert!(
+            message.contains("/nonexistent/libnvidia-ml.so.1"),
+            "{message}"
+        );
+        assert!(message.contains("NVIDIA driver installed"), "{message}");
+    }
+
+    #[test]
+    fn architectures_follow_the_compute_capability() {
+        assert_eq!(architecture(ComputeCapability::new(7, 5)), "Turing");
+        assert_eq!(architecture(ComputeCapability::new(8, 0)), "Ampere");
+        assert_eq!(architecture(ComputeCapability::new(8, 9)), "Ada Lovelace");
+        assert_eq!(architecture(ComputeCapability::new(9, 0)), "Hopper");
+    }
+
+    #[test]
+    fn brands_are_spelled_as_upstream() {
+        assert_eq!(brand_name(Brand::Nvidia), "Nvidia");
+        assert_eq!(brand_name(Brand::Tesla), "Tesla");
+    }
+}
