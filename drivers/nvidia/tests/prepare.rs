@@ -1,0 +1,824 @@
+//! Prepare and unprepare: VFIO bind/unbind sequences with their exact sysfs writes and
+//! rollback, and whole claims through the kubelet simulator and the fake API server of
+//! dra-sdk's testing kit, on a fake host tree.
+
+mod fixture;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dra_driver_nvidia::driver::{DRIVER_NAME, NvidiaDriver, VfioBinder, VfioBinding};
+use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost};
+use dra_sdk::cdi::Spec;
+use dra_sdk::driver::ClaimRef;
+use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk::testing::claims::AllocatedClaim;
+use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use fixture::*;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use serde_json::{Value, json};
+
+// ---- VFIO sequences ----------------------------------------------------------------------
+
+fn write(path: &str, contents: &str) -> HostEvent {
+    HostEvent::write(path, contents)
+}
+
+fn fuser(minor: u32) -> HostEvent {
+    HostEvent::Command(HostCommand::new("fuser", [format!("/dev/nvidia{minor}")]).chrooted())
+}
+
+fn binder(host: &RootedHost) -> VfioBinder<'_> {
+    VfioBinder::new(host, Duration::from_millis(1), Duration::from_millis(30))
+}
+
+#[test]
+fn vfio_bind_and_restore_write_exactly_what_the_kernel_needs() {
+    let f = Fixture::new("workstation");
+    let gpu = &f.inventory.gpus[0].info;
+    let bdf = gpu.pci.bus_id.as_str();
+    let minor = gpu.minor;
+    // fuser: busy once, then idle (exit 1: no process holds the node).
+    f.host.script(
+        "fuser",
+        [
+            CommandOutput::ok(format!("/dev/nvidia{minor}: 4242")),
+            CommandOutput::failed(1, ""),
+        ],
+    );
+
+    let binding = binder(&f.host).bind(bdf, Some(minor)).unwrap();
+    assert_eq!(
+        binding,
+        VfioBinding {
+            bus_id: bdf.to_owned(),
+            iommu_group: 20,
+            vfio_driver: "vfio-pci".into(),
+            previous_driver: Some("nvidia".into()),
+        }
+    );
+    let device = format!("/sys/bus/pci/devices/{bdf}");
+    assert_eq!(
+        f.host.events(),
+        [
+            fuser(minor),
+            fuser(minor),
+            write(&format!("{device}/driver_override"), "\n"),
+            write("/sys/bus/pci/drivers/nvidia/unbind", bdf),
+            write(&format!("{device}/driver_override"), "vfio-pci"),
+            write("/sys/bus/pci/drivers/vfio-pci/bind", bdf),
+        ]
+    );
+    assert_eq!(f.bound_driver(bdf).as_deref(), Some("vfio-pci"));
+
+    f.host.clear_events();
+    binder(&f.host).restore(&binding).unwrap();
+    assert_eq!(
+        f.host.events(),
+        [
+            write(&format!("{device}/driver_override"), "\n"),
+            write("/sys/bus/pci/drivers/vfio-pci/unbind", bdf),
+            write("/sys/bus/pci/drivers/nvidia/bind", bdf),
+        ]
+    );
+    assert_eq!(f.bound_driver(bdf).as_deref(), Some("nvidia"));
+
+    // Idempotent: nothing left to undo.
+    f.host.clear_events();
+    binder(&f.host).restore(&binding).unwrap();
+    assert_eq!(f.host.events(), []);
+}
+
+#[test]
+fn a_busy_gpu_is_not_touched() {
+    let f = Fixture::new("workstation");
+    let gpu = &f.inventory.gpus[0].info;
+    f.host
+        .script("fuser", [CommandOutput::ok("/dev/nvidia0: 4242")]);
+    let error = binder(&f.host)
+        .bind(&gpu.pci.bus_id, Some(gpu.minor))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(&format!(
+            "{} is still in use (processes hold /dev/nvidia{}) after",
+            gpu.pci.bus_id, gpu.minor
+        )),
+        "{error}"
+    );
+    assert!(
+        f.host
+            .events()
+            .iter()
+            .all(|event| matches!(event, HostEvent::Command(_))),
+        "{:?}",
+        f.host.events()
+    );
+    assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("nvidia"));
+}
+
+#[test]
+fn a_failed_bind_is_rolled_back_to_nvidia() {
+    let f = Fixture::new("workstation");
+    let gpu = &f.inventory.gpus[0].info;
+    let bdf = gpu.pci.bus_id.as_str();
+    // vfio-pci is not registered: modprobe "succeeds" but the driver never shows up, so the
+    // bind write fails with ENODEV after the GPU was unbound from nvidia.
+    std::fs::remove_dir_all(f.host_path("/sys/bus/pci/drivers/vfio-pci")).unwrap();
+    f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    f.host.script("modprobe", [CommandOutput::ok("")]);
+
+    let error = binder(&f.host).bind(bdf, Some(gpu.minor)).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "writing {bdf:?} to /sys/bus/pci/drivers/vfio-pci/bind: No such device (os error 19)"
+        )
+    );
+    let device = format!("/sys/bus/pci/devices/{bdf}");
+    assert_eq!(
+        f.host.events(),
+        [
+            HostEvent::Command(HostCommand::new("modprobe", ["vfio_pci"]).chrooted()),
+            fuser(gpu.minor),
+            write(&format!("{device}/driver_override"), "\n"),
+            write("/sys/bus/pci/drivers/nvidia/unbind", bdf),
+            write(&format!("{device}/driver_override"), "vfio-pci"),
+            write("/sys/bus/pci/drivers/vfio-pci/bind", bdf),
+            // Rollback.
+            write(&format!("{device}/driver_override"), "\n"),
+            write("/sys/bus/pci/drivers/nvidia/bind", bdf),
+        ]
+    );
+    assert_eq!(f.bound_driver(bdf).as_deref(), Some("nvidia"));
+}
+
+#[test]
+fn modprobe_failures_are_reported_before_any_write() {
+    let f = Fixture::new("workstation");
+    let gpu = &f.inventory.gpus[0].info;
+    std::fs::remove_dir_all(f.host_path("/sys/bus/pci/drivers/vfio-pci")).unwrap();
+    f.host.script(
+        "modprobe",
+        [CommandOutput::failed(
+            1,
+            "modprobe: FATAL: Module vfio_pci not found.\n",
+        )],
+    );
+    assert_eq!(
+        binder(&f.host)
+            .bind(&gpu.pci.bus_id, Some(gpu.minor))
+            .unwrap_err()
+            .to_string(),
+        "loading kernel module vfio_pci failed: modprobe: FATAL: Module vfio_pci not found."
+    );
+    assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("nvidia"));
+}
+
+#[test]
+fn the_best_vfio_variant_comes_from_modules_alias() {
+    let f = Fixture::new("workstation");
+    let gpu = &f.inventory.gpus[0].info;
+    let bdf = gpu.pci.bus_id.as_str();
+    let files = [
+        (
+            format!("/sys/bus/pci/devices/{bdf}/modalias"),
+            "pci:v000010DEd00002342sv000010DEsd000016EBbc03sc02i00\n".to_owned(),
+        ),
+        (
+            "/proc/sys/kernel/osrelease".to_owned(),
+            "6.8.0-1013-nvidia-64k\n".to_owned(),
+        ),
+        (
+            "/lib/modules/6.8.0-1013-nvidia-64k/modules.alias".to_owned(),
+            "alias vfio_pci:v*d*sv*sd*bc*sc*i* vfio_pci\n\
+             alias vfio_pci:v000010DEd00002342sv*sd*bc*sc*i* nvgrace_gpu_vfio_pci\n"
+                .to_owned(),
+        ),
+    ];
+    for (path, contents) in files {
+        let resolved = f.host_path(&path);
+        std::fs::create_dir_all(resolved.parent().unwrap()).unwrap();
+        std::fs::write(resolved, contents).unwrap();
+    }
+    std::fs::create_dir_all(f.host_path("/sys/bus/pci/drivers/nvgrace-gpu-vfio-pci")).unwrap();
+    f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    let binding = binder(&f.host).bind(bdf, Some(gpu.minor)).unwrap();
+    assert_eq!(binding.vfio_driver, "nvgrace-gpu-vfio-pci");
+    assert_eq!(f.bound_driver(bdf).as_deref(), Some("nvgrace-gpu-vfio-pci"));
+}
+
+#[test]
+fn a_gpu_already_on_vfio_is_used_and_left_there() {
+    let f = Fixture::new("workstation");
+    let bdf = f.inventory.gpus[0].info.pci.bus_id.clone();
+    f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    let first = binder(&f.host).bind(&bdf, None).unwrap();
+    f.host.clear_events();
+    let second = binder(&f.host).bind(&bdf, None).unwrap();
+    assert_eq!(second.previous_driver.as_deref(), Some("vfio-pci"));
+    assert!(!second.rebound());
+    binder(&f.host).restore(&second).unwrap();
+    assert_eq!(f.host.events(), []);
+    assert_eq!(f.bound_driver(&bdf).as_deref(), Some("vfio-pci"));
+    binder(&f.host).restore(&first).unwrap();
+    assert_eq!(f.bound_driver(&bdf).as_deref(), Some("nvidia"));
+}
+
+// ---- whole claims through the kubelet simulator ------------------------------------------
+
+struct Running {
+    f: Fixture,
+    cluster: TestCluster,
+    driver: NvidiaDriver,
+    plugin: KubeletPlugin,
+    kubelet: RegisteredPlugin,
+}
+
+async fn start(profile: &str, gates: &str) -> Running {
+    let f = Fixture::new(profile);
+    let driver = f.driver(gates);
+    let cluster = TestCluster::start().await.unwrap();
+    let plugin = cluster
+        .plugin(driver.clone(), DRIVER_NAME)
+        .start()
+        .await
+        .unwrap();
+    let kubelet = cluster
+        .register(&plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    Running {
+        f,
+        cluster,
+        driver,
+        plugin,
+        kubelet,
+    }
+}
+
+fn claim_ref(claim: &ResourceClaim) -> ClaimRef {
+    ClaimRef {
+        uid: claim.metadata.uid.clone().unwrap(),
+        namespace: claim.metadata.namespace.clone().unwrap(),
+        name: claim.metadata.name.clone().unwrap(),
+    }
+}
+
+impl Running {
+    async fn claim(&self, builder: AllocatedClaim) -> ClaimRef {
+        claim_ref(&builder.create(&self.cluster.client()).await.unwrap())
+    }
+
+    /// The claim's CDI spec, as the container runtime would read it.
+    fn spec(&self, claim: &ClaimRef) -> Value {
+        let dir = self.cluster.cdi_root();
+        let path = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .find(|path| path.to_string_lossy().contains(&claim.uid))
+            .unwrap_or_else(|| panic!("no CDI spec for {} in {}", claim.uid, dir.display()));
+        serde_json::to_value(Spec::read_file(path).unwrap()).unwrap()
+    }
+
+    fn spec_files(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.cluster.cdi_root())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect()
+    }
+
+    async fn shutdown(self) {
+        self.plugin.shutdown().await.unwrap();
+    }
+}
+
+fn device_paths(edits: &Value) -> Vec<String> {
+    edits["deviceNodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|node| node["path"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn gpu_config() -> Value {
+    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"})
+}
+
+#[tokio::test]
+async fn a_full_gpu_claim_is_prepared_and_unprepared() {
+    let r = start("dgx-a100", "").await;
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "one-gpu")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-4")
+                .claim_config(&["gpu"], DRIVER_NAME, gpu_config()),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let devices = result[&claim.uid].as_ref().unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].device, "gpu-4");
+    assert_eq!(devices[0].cdi_device_ids.len(), 1);
+
+    let spec = r.spec(&claim);
+    assert_eq!(
+        device_paths(&spec["devices"][0]["containerEdits"]),
+        ["/dev/nvidia4"]
+    );
+    assert_eq!(
+        device_paths(&spec["containerEdits"]),
+        ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    );
+    assert!(
+        spec["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("NVIDIA_VISIBLE_DEVICES=void"))
+    );
+    assert!(
+        spec["containerEdits"]["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["hostPath"] == json!(r.f.library("libcuda.so")))
+    );
+    assert_eq!(r.driver.prepared_devices().get("gpu-4"), Some(&claim.uid));
+
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    assert!(r.driver.prepared_devices().is_empty());
+    assert!(r.spec_files().is_empty());
+    // Unprepare again: nothing to do, still fine.
+    let again = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(again[&claim.uid], Ok(()));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_mig_claim_gets_its_capability_nodes() {
+    let r = start("dgx-a100", "").await;
+    let parent = &r.f.inventory.gpus[1];
+    let mig = parent
+        .mig_devices
+        .iter()
+        .find(|m| m.profile == "3g.40gb")
+        .unwrap();
+    let name = format!(
+        "gpu-{}-mig-3g40gb-{}-{}",
+        parent.info.minor, mig.profile_id, mig.placement.start
+    );
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "mig")
+                .device("mig", DRIVER_NAME, NODE_NAME, &name)
+                .claim_config(
+                    &["mig"],
+                    DRIVER_NAME,
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}),
+                )
+                // A GpuConfig for all requests does not apply to MIG devices.
+                .claim_config(&[], DRIVER_NAME, gpu_config()),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(result[&claim.uid].as_ref().unwrap()[0].device, name);
+    let spec = r.spec(&claim);
+    let minor = parent.info.minor;
+    let (gi, ci) = (mig.gpu_instance_id, mig.compute_instance_id);
+    assert_eq!(
+        device_paths(&spec["devices"][0]["containerEdits"]),
+        [
+            format!("/dev/nvidia{minor}"),
+            format!("/dev/nvidia-caps/nvidia-cap{}", gi_cap_minor(minor, gi)),
+            format!("/dev/nvidia-caps/nvidia-cap{}", ci_cap_minor(minor, gi, ci)),
+        ]
+    );
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_config_fails_its_claim_only() {
+    let r = start("dgx-a100", "").await;
+    let parent = &r.f.inventory.gpus[0];
+    let mig = &parent.mig_devices[0];
+    let mig_name = format!(
+        "gpu-{}-mig-1g10gb-{}-{}",
+        parent.info.minor, mig.profile_id, mig.placement.start
+    );
+    let wrong_kind = r
+        .claim(
+            AllocatedClaim::new("default", "wrong-kind")
+                .device("mig", DRIVER_NAME, NODE_NAME, &mig_name)
+                .claim_config(&["mig"], DRIVER_NAME, gpu_config()),
+        )
+        .await;
+    let time_sliced = r
+        .claim(
+            AllocatedClaim::new("default", "time-sliced")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-5")
+                .claim_config(
+                    &[],
+                    DRIVER_NAME,
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                           "sharing": {"strategy": "TimeSlicing"}}),
+                ),
+        )
+        .await;
+    let typo = r
+        .claim(
+            AllocatedClaim::new("default", "typo")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-6")
+                .claim_config(
+                    &[],
+                    DRIVER_NAME,
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                           "sharng": {}}),
+                ),
+        )
+        .await;
+    let good = r
+        .claim(AllocatedClaim::new("default", "good").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-3",
+        ))
+        .await;
+    let claims = [
+        wrong_kind.clone(),
+        time_sliced.clone(),
+        typo.clone(),
+        good.clone(),
+    ];
+    let result = r.kubelet.prepare(&claims).await.unwrap();
+
+    assert_eq!(result[&good.uid].as_ref().unwrap()[0].device, "gpu-3");
+    let error = |claim: &ClaimRef| result[&claim.uid].clone().unwrap_err();
+    assert!(
+        error(&wrong_kind).contains(&format!(
+            "GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{mig_name}\" \
+             (request \"mig\"); use MigDeviceConfig (resource.nvidia.com/v1beta1)"
+        )),
+        "{}",
+        error(&wrong_kind)
+    );
+    assert!(
+        error(&time_sliced).contains(
+            "GpuConfig (resource.nvidia.com/v1beta1) for gpu-5: \"TimeSlicing\" is selected as \
+             the GPU sharing strategy, but the \"TimeSlicingSettings\" feature gate is not enabled"
+        ),
+        "{}",
+        error(&time_sliced)
+    );
+    assert!(
+        error(&typo).contains("unknown field `sharng` (did you mean `sharing`?)"),
+        "{}",
+        error(&typo)
+    );
+    // Nothing of the failed claims stays reserved.
+    assert_eq!(
+        r.driver.prepared_devices().into_keys().collect::<Vec<_>>(),
+        ["gpu-3"]
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn sharing_strategies_are_refused_until_issue_15() {
+    let r = start("dgx-a100", "TimeSlicingSettings=true").await;
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "shared")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-5")
+                .claim_config(
+                    &["gpu"],
+                    DRIVER_NAME,
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                           "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
+                ),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let error = result[&claim.uid].clone().unwrap_err();
+    assert!(
+        error.contains("GPU sharing strategy \"TimeSlicing\" is not implemented yet (issue 15)"),
+        "{error}"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_device_prepared_for_another_claim_is_refused_except_for_admin_access() {
+    let r = start("dgx-a100", "").await;
+    let first = r
+        .claim(AllocatedClaim::new("default", "first").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-7",
+        ))
+        .await;
+    let second = r
+        .claim(AllocatedClaim::new("default", "second").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-7",
+        ))
+        .await;
+    let monitor = r
+        .claim(
+            AllocatedClaim::new("default", "monitor").result(DeviceRequestAllocationResult {
+                request: "gpu".into(),
+                driver: DRIVER_NAME.into(),
+                pool: NODE_NAME.into(),
+                device: "gpu-7".into(),
+                admin_access: Some(true),
+                ..Default::default()
+            }),
+        )
+        .await;
+    assert!(
+        r.kubelet
+            .prepare(std::slice::from_ref(&first))
+            .await
+            .unwrap()[&first.uid]
+            .is_ok()
+    );
+    let refused = r
+        .kubelet
+        .prepare(std::slice::from_ref(&second))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused[&second.uid].clone().unwrap_err(),
+        format!(
+            "device gpu-7: it is already prepared for claim default/first ({}); a device is \
+             prepared for one claim at a time unless allocated with admin access",
+            first.uid
+        )
+    );
+    let admin = r
+        .kubelet
+        .prepare(std::slice::from_ref(&monitor))
+        .await
+        .unwrap();
+    assert!(admin[&monitor.uid].is_ok(), "{:?}", admin[&monitor.uid]);
+
+    // Once the first claim is gone, the second one gets the GPU.
+    r.kubelet
+        .unprepare(std::slice::from_ref(&first))
+        .await
+        .unwrap();
+    let retried = r
+        .kubelet
+        .prepare(std::slice::from_ref(&second))
+        .await
+        .unwrap();
+    assert!(retried[&second.uid].is_ok(), "{:?}", retried[&second.uid]);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn vfio_claims_rebind_the_gpu_and_give_it_back() {
+    let r = start("mixed", "PassthroughSupport=true").await;
+    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    // gpu-vfio-0 is the first NVIDIA GPU function in bus-ID order.
+    let mut bus_ids: Vec<String> =
+        r.f.inventory
+            .gpus
+            .iter()
+            .map(|g| g.info.pci.bus_id.clone())
+            .collect();
+    bus_ids.sort();
+    let bdf = bus_ids[0].clone();
+    let group = 20
+        + r.f
+            .inventory
+            .gpus
+            .iter()
+            .position(|g| g.info.pci.bus_id == bdf)
+            .unwrap();
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "vm")
+                .device("vm", DRIVER_NAME, NODE_NAME, "gpu-vfio-0")
+                .claim_config(
+                    &["vm"],
+                    DRIVER_NAME,
+                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}),
+                ),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(result[&claim.uid].is_ok(), "{:?}", result[&claim.uid]);
+    assert_eq!(r.f.bound_driver(&bdf).as_deref(), Some("vfio-pci"));
+    let spec = r.spec(&claim);
+    assert_eq!(
+        device_paths(&spec["devices"][0]["containerEdits"]),
+        [format!("/dev/vfio/{group}"), "/dev/vfio/vfio".to_owned()]
+    );
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["env"],
+        json!(["NVIDIA_VISIBLE_DEVICES=void"])
+    );
+
+    // The GPU's full-GPU twin is refused while it is passed through.
+    let twin_minor =
+        r.f.inventory
+            .gpus
+            .iter()
+            .find(|g| g.info.pci.bus_id == bdf)
+            .unwrap()
+            .info
+            .minor;
+    let twin = r
+        .claim(AllocatedClaim::new("default", "twin").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            &format!("gpu-{twin_minor}"),
+        ))
+        .await;
+    let refused = r
+        .kubelet
+        .prepare(std::slice::from_ref(&twin))
+        .await
+        .unwrap();
+    assert!(
+        refused[&twin.uid].clone().unwrap_err().contains(&format!(
+            "its PCI function {bdf} is already prepared for claim default/vm"
+        )),
+        "{:?}",
+        refused[&twin.uid]
+    );
+
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    assert_eq!(r.f.bound_driver(&bdf).as_deref(), Some("nvidia"));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_vfio_prepare_that_fails_after_binding_is_rolled_back() {
+    let r = start("mixed", "PassthroughSupport=true").await;
+    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    // No vfio major and no /dev/vfio nodes: the edits cannot be built after the bind.
+    std::fs::write(
+        r.f.host_path("/proc/devices"),
+        "Character devices:\n 10 misc\n",
+    )
+    .unwrap();
+    let mut bus_ids: Vec<String> =
+        r.f.inventory
+            .gpus
+            .iter()
+            .map(|g| g.info.pci.bus_id.clone())
+            .collect();
+    bus_ids.sort();
+    let claim = r
+        .claim(AllocatedClaim::new("default", "vm").device(
+            "vm",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-vfio-0",
+        ))
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let error = result[&claim.uid].clone().unwrap_err();
+    assert!(error.contains("device gpu-vfio-0: /dev/vfio/"), "{error}");
+    assert_eq!(r.f.bound_driver(&bus_ids[0]).as_deref(), Some("nvidia"));
+    assert!(r.driver.prepared_devices().is_empty());
+    // The kubelet's unprepare of the failed claim is a no-op.
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn vfio_devices_need_the_passthrough_gate() {
+    let r = start("mixed", "").await;
+    let claim = r
+        .claim(AllocatedClaim::new("default", "vm").device(
+            "vm",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-vfio-0",
+        ))
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(
+        result[&claim.uid].clone().unwrap_err(),
+        "device gpu-vfio-0: VFIO devices need the \"PassthroughSupport\" feature gate, which is \
+         not enabled on this node"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_devices_are_refused() {
+    let r = start("workstation", "").await;
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "ghost")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-9")
+                .device("gpu", DRIVER_NAME, NODE_NAME, "tpu-0"),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(
+        result[&claim.uid].clone().unwrap_err(),
+        "device gpu-9: no GPU with minor 9 on this node"
+    );
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn reservations_survive_a_restart_through_the_checkpoint() {
+    let r = start("dgx-a100", "").await;
+    let claim = r
+        .claim(AllocatedClaim::new("default", "kept").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-6",
+        ))
+        .await;
+    assert!(
+        r.kubelet
+            .prepare(std::slice::from_ref(&claim))
+            .await
+            .unwrap()[&claim.uid]
+            .is_ok()
+    );
+    let Running {
+        f, cluster, plugin, ..
+    } = r;
+    plugin.shutdown().await.unwrap();
+
+    let (checkpoint, _) = dra_sdk::checkpoint::Checkpoint::open(
+        &cluster.plugins_dir().join(DRIVER_NAME),
+        dra_sdk::testing::cluster::BOOT_ID,
+    )
+    .unwrap();
+    let records = checkpoint.records().unwrap();
+    assert!(records.contains_key(&claim.uid), "{records:?}");
+    let restarted = f.builder("").prepared_claims(records).build();
+    assert_eq!(restarted.prepared_devices().get("gpu-6"), Some(&claim.uid));
+}
