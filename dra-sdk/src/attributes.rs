@@ -14,10 +14,15 @@
 //! | `Vec<T>`, `[T]`, `[T; N]` of the above | `ints`, `bools`, `strings`, `versions` (omitted when empty) |
 //! | `Option<T>` | `T`, omitted when `None` |
 //! | [`AttributeValue`] | itself |
+//! | [`PciBusId`], [`PcieRoot`] / [`NumaNode`] (the standard `resource.kubernetes.io/` attributes) | `string` / `int` |
 //! | capacity: [`Quantity`], [`Bytes`], `u8`…`u64`, `usize`, [`DeviceCapacity`], `Option<T>` | `capacity.value` |
 //!
 //! `u64`, `usize` and floats are deliberately not attributes: DRA integers are signed 64-bit and
 //! there is no float kind, so the conversion is the driver's decision, made visibly.
+//!
+//! The standard attributes `resource.kubernetes.io/pciBusID`, `pcieRoot` and `numaNode` have
+//! typed values, name constants and a sysfs reader ([`PciAttributes::from_sysfs`]); see
+//! [`PciAttributes`].
 //!
 //! Implement the traits for your own types (an enum published as a string, for example) to use
 //! them as fields.
@@ -47,6 +52,13 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::slices::{AttributeValue, DeviceCapacity, Quantity};
+
+mod standard;
+
+pub use standard::{
+    NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
+    PciAttributes, PciBusId, PcieRoot, StandardAttributeError,
+};
 
 /// Longest string or version attribute value the API server accepts.
 const MAX_VALUE_LENGTH: usize = 64;

@@ -1161,6 +1161,55 @@ async fn disabled_feature_gates_drop_fields() {
     );
 }
 
+/// Like a real 1.36 server with `DRAListTypeAttributes` off: the list value is dropped and the
+/// attribute left without a value is refused (422), naming the attribute, not stored without it.
+#[tokio::test]
+async fn list_attributes_without_their_gate_are_refused() {
+    let (server, client) = start().await;
+    let api = Api::<ResourceSlice>::all(client);
+    let s: ResourceSlice = from_json(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
+        "spec": {"driver": "x.example.com", "nodeName": "n1",
+                 "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "nic",
+                              "attributes": {"vlans": {"ints": [10, 20]}, "model": {"string": "x"}}}]},
+    }));
+    // With the gate on: stored as sent.
+    let stored = api.create(&PostParams::default(), &s).await.unwrap();
+    let attributes = stored.spec.devices.unwrap()[0].attributes.clone().unwrap();
+    assert_eq!(
+        serde_json::to_value(&attributes["vlans"]).unwrap(),
+        json!({"ints": [10, 20]})
+    );
+
+    server.drop_fields(
+        "resourceslices",
+        &[
+            "spec.devices[].attributes.*.ints",
+            "spec.devices[].attributes.*.bools",
+            "spec.devices[].attributes.*.strings",
+            "spec.devices[].attributes.*.versions",
+        ],
+    );
+    let mut again = s.clone();
+    again.metadata.name = Some("t".into());
+    let status = api_error(
+        api.create(&PostParams::default(), &again)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(status.code, 422);
+    let causes = status.details.unwrap().causes;
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert_eq!(causes[0].field, "spec.devices[0].attributes[vlans]");
+    assert!(
+        causes[0]
+            .message
+            .contains("exactly one value must be specified")
+    );
+    assert!(server.get::<ResourceSlice>(None, "t").unwrap().is_none());
+}
+
 #[tokio::test]
 async fn discovery() {
     let server = FakeApiServer::builder()

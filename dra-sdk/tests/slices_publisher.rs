@@ -728,3 +728,59 @@ async fn cluster_scoped_network_pools() {
     assert!(slices[0].metadata.owner_references.is_none());
     handle.stop().await;
 }
+
+/// The standard `resource.kubernetes.io/` attributes and list attributes (1.36): stored as
+/// published, and a pool with list attributes split at 64 devices per slice, which the fake
+/// server enforces as the real one does.
+#[tokio::test]
+async fn standard_and_list_attributes_are_published() {
+    use dra_sdk::attributes::{
+        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
+        PciAttributes, PciBusId, PcieRoot,
+    };
+
+    let env = env().await;
+    let devices: Vec<Device> = (0..65u8)
+        .map(|i| {
+            let pci = PciAttributes::new(PciBusId::new(0, i, 0, 0).unwrap())
+                .pcie_root(Some(PcieRoot::new(0, 0)))
+                .numa_node(Some(NumaNode::new(i64::from(i % 2)).unwrap()))
+                .numa_node_form(NumaNodeForm::List);
+            Device::new(format!("nic-{i}"))
+                .with_attributes(&pci)
+                .attribute("vlans", vec![10i64, 20])
+        })
+        .collect();
+    let handle = env.publisher().spawn(pool_of(devices));
+    synced(&handle).await;
+
+    let slices = env.slices();
+    assert_eq!(
+        slices.len(),
+        2,
+        "65 devices with list attributes need two slices"
+    );
+    assert_eq!(assert_consistent_pool(&slices, NODE).len(), 65);
+    let device = serde_json::to_value(&slices)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap().clone())
+        .find(|d| d["name"] == "nic-3")
+        .unwrap();
+    assert_eq!(
+        device["attributes"][PCI_BUS_ID_ATTRIBUTE],
+        json!({"string": "0000:03:00.0"})
+    );
+    assert_eq!(
+        device["attributes"][PCIE_ROOT_ATTRIBUTE],
+        json!({"string": "pci0000:00"})
+    );
+    assert_eq!(
+        device["attributes"][NUMA_NODE_ATTRIBUTE],
+        json!({"ints": [1]})
+    );
+    assert_eq!(device["attributes"]["vlans"], json!({"ints": [10, 20]}));
+    handle.stop().await;
+}

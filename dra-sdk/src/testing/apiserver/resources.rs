@@ -342,6 +342,7 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
             lookup(d, "taints").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
                 || lookup(d, "consumesCounters")
                     .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+                || has_list_attribute(d)
         });
         let limit = if advanced { 64 } else { 128 };
         if devices.len() > limit {
@@ -356,6 +357,7 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         }
         let mut seen = std::collections::BTreeSet::new();
         for (index, device) in devices.iter().enumerate() {
+            validate_device_attributes(&format!("spec.devices[{index}]"), device, &mut errors);
             match lookup(device, "name").and_then(Value::as_str) {
                 None | Some("") => {
                     errors.push(FieldError::required(&format!("spec.devices[{index}].name")))
@@ -386,6 +388,108 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         });
     }
     errors
+}
+
+/// Scalar and (1.36, `DRAListTypeAttributes`) list value fields of a `DeviceAttribute`.
+const SCALAR_VALUES: [&str; 4] = ["int", "bool", "string", "version"];
+const LIST_VALUES: [&str; 4] = ["ints", "bools", "strings", "versions"];
+/// Longest string or version value, and most attribute values per device (list elements
+/// counted), as in 1.36.
+const MAX_VALUE_LENGTH: usize = 64;
+const MAX_ATTRIBUTE_VALUES: usize = 48;
+
+/// Whether any attribute of `device` carries a list value (which lowers the per-slice device
+/// limit to 64 in 1.36).
+fn has_list_attribute(device: &Value) -> bool {
+    lookup(device, "attributes")
+        .and_then(Value::as_object)
+        .is_some_and(|attributes| {
+            attributes.values().any(|a| {
+                LIST_VALUES
+                    .iter()
+                    .any(|kind| lookup(a, kind).is_some_and(|v| !v.is_null()))
+            })
+        })
+}
+
+/// The attribute rules of 1.36 `validateDeviceAttribute`: exactly one value per attribute (an
+/// attribute whose list value a disabled `DRAListTypeAttributes` dropped has none, so the real
+/// server rejects it), non-empty lists, string and version elements of at most 64 characters,
+/// at most 48 values per device. Messages are close to, not byte-equal with, the real ones.
+fn validate_device_attributes(path: &str, device: &Value, errors: &mut Vec<FieldError>) {
+    let Some(attributes) = lookup(device, "attributes").and_then(Value::as_object) else {
+        return;
+    };
+    let mut values = 0;
+    for (name, attribute) in attributes {
+        let field = format!("{path}.attributes[{name}]");
+        let set = |kind: &str| lookup(attribute, kind).is_some_and(|v| !v.is_null());
+        let scalars = SCALAR_VALUES.iter().filter(|kind| set(kind)).count();
+        let lists: Vec<&str> = LIST_VALUES
+            .iter()
+            .copied()
+            .filter(|kind| set(kind))
+            .collect();
+        match scalars + lists.len() {
+            0 => errors.push(FieldError::invalid(
+                &field,
+                &Value::String(String::new()),
+                "exactly one value must be specified",
+            )),
+            1 => {}
+            _ => errors.push(FieldError::invalid(
+                &field,
+                attribute,
+                "exactly one value must be specified",
+            )),
+        }
+        values += scalars;
+        for kind in ["string", "version"] {
+            if let Some(text) = lookup(attribute, kind).and_then(Value::as_str)
+                && text.chars().count() > MAX_VALUE_LENGTH
+            {
+                errors.push(too_long(&format!("{field}.{kind}")));
+            }
+        }
+        for kind in lists {
+            let list_field = format!("{field}.{kind}");
+            let Some(items) = lookup(attribute, kind).and_then(Value::as_array) else {
+                errors.push(FieldError::invalid(
+                    &list_field,
+                    lookup(attribute, kind).unwrap_or(&Value::Null),
+                    "must be a list",
+                ));
+                continue;
+            };
+            if items.is_empty() {
+                errors.push(FieldError::required(&list_field));
+            }
+            values += items.len();
+            for (i, item) in items.iter().enumerate() {
+                if item
+                    .as_str()
+                    .is_some_and(|t| t.chars().count() > MAX_VALUE_LENGTH)
+                {
+                    errors.push(too_long(&format!("{list_field}[{i}]")));
+                }
+            }
+        }
+    }
+    if values > MAX_ATTRIBUTE_VALUES {
+        errors.push(FieldError::invalid(
+            &format!("{path}.attributes"),
+            &Value::from(values),
+            &format!("the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES}"),
+        ));
+    }
+}
+
+fn too_long(field: &str) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        reason: "FieldValueTooLong",
+        message: format!("Too long: may not be more than {MAX_VALUE_LENGTH} bytes"),
+    }
 }
 
 /// Namespace names are DNS labels, stricter than the subdomain rule applied to other kinds.
@@ -439,6 +543,83 @@ mod tests {
                 "spec.devices[1].name"
             ]
         );
+    }
+
+    fn with_devices(devices: Vec<Value>) -> Value {
+        slice(json!({
+            "driver": "gpu.example.com", "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        }))
+    }
+
+    fn fields(obj: &Value) -> Vec<String> {
+        validate_resource_slice(obj)
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    #[test]
+    fn attributes_hold_exactly_one_value() {
+        let obj = with_devices(vec![json!({"name": "a", "attributes": {
+            "ok": {"int": 1},
+            "vlans": {"ints": [1, 2]},
+            "dropped": {},
+            "both": {"int": 1, "ints": [1]},
+            "empty": {"strings": []},
+            "long": {"strings": ["x", "y".repeat(65)]},
+            "longer": {"version": format!("1.0.0+{}", "a".repeat(60))},
+        }})]);
+        assert_eq!(
+            fields(&obj),
+            [
+                "spec.devices[0].attributes[both]",
+                "spec.devices[0].attributes[dropped]",
+                "spec.devices[0].attributes[empty].strings",
+                "spec.devices[0].attributes[long].strings[1]",
+                "spec.devices[0].attributes[longer].version",
+            ]
+        );
+        let errors = validate_resource_slice(&obj);
+        assert!(
+            errors[1]
+                .message
+                .contains("exactly one value must be specified")
+        );
+    }
+
+    #[test]
+    fn attribute_values_per_device_count_list_elements() {
+        let attributes = |n: i64| {
+            json!({"name": "a", "attributes": {
+                "list": {"ints": (0..n).collect::<Vec<_>>()},
+                "one": {"bool": true},
+            }})
+        };
+        assert!(fields(&with_devices(vec![attributes(47)])).is_empty());
+        assert_eq!(
+            fields(&with_devices(vec![attributes(48)])),
+            ["spec.devices[0].attributes"]
+        );
+    }
+
+    #[test]
+    fn list_attributes_lower_the_device_limit_to_64() {
+        let devices = |list: bool| {
+            (0..65)
+                .map(|i| {
+                    let value = if list && i == 0 {
+                        json!({"ints": [1]})
+                    } else {
+                        json!({"int": 1})
+                    };
+                    json!({"name": format!("d{i}"), "attributes": {"a": value}})
+                })
+                .collect::<Vec<_>>()
+        };
+        assert!(fields(&with_devices(devices(false))).is_empty());
+        assert_eq!(fields(&with_devices(devices(true))), ["spec.devices"]);
     }
 
     #[test]
