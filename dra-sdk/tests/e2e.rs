@@ -799,3 +799,103 @@ async fn device_health_reaches_the_pod_status() {
         .unwrap();
     plugin.shutdown().await.unwrap();
 }
+
+/// The standard `resource.kubernetes.io/` attributes and list attributes against a real 1.36
+/// API server: stored as published with `DRAListTypeAttributes` on; with it off the server
+/// refuses the slice (it drops the list value, then rejects the attribute left without one),
+/// which is what the fake API server emulates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standard_and_list_attributes_on_a_real_api_server() {
+    use dra_sdk::attributes::{
+        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PciAttributes, PciBusId,
+        PcieRoot,
+    };
+
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let device = |form| {
+        let pci = PciAttributes::new(PciBusId::new(0, 0x3b, 0, 0).unwrap())
+            .pcie_root(Some(PcieRoot::new(0, 0x3a)))
+            .numa_node(Some(NumaNode::new(1).unwrap()))
+            .numa_node_form(form);
+        Device::new("nic-0")
+            .with_attributes(&pci)
+            .attribute("vlans", vec![10i64, 20])
+    };
+    let slice = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": "raw-list" },
+        "spec": { "driver": "raw.example.com", "allNodes": true,
+                  "pool": { "name": "raw", "generation": 1, "resourceSliceCount": 1 },
+                  "devices": [{ "name": "nic", "attributes": { "vlans": { "ints": [10, 20] } } }] },
+    });
+    let slices = |client: kube::Client| {
+        Api::<DynamicObject>::all_with(
+            client,
+            &ApiResource::erase::<k8s_openapi::api::resource::v1::ResourceSlice>(&()),
+        )
+    };
+
+    for gate in [true, false] {
+        let cluster = RealCluster::builder(&binaries)
+            .control_plane_only()
+            .feature_gate("DRAListTypeAttributes", gate)
+            .start()
+            .await
+            .unwrap();
+        let client = cluster.client().await.unwrap();
+        let created = slices(client.clone())
+            .create(&PostParams::default(), &object(slice.clone()))
+            .await;
+        if !gate {
+            let Err(kube::Error::Api(status)) = created else {
+                panic!("a server without DRAListTypeAttributes stored {created:?}");
+            };
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains("spec.devices[0].attributes[vlans]")
+                    && status
+                        .message
+                        .contains("exactly one value must be specified"),
+                "{status:?}"
+            );
+            continue;
+        }
+        created.unwrap();
+        let node: Node = object(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": { "name": "attr-node" },
+        }));
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .unwrap();
+        let publisher =
+            ResourceSlicePublisher::for_node(client.clone(), "attr.example.com", "attr-node")
+                .on_error(|error| panic!("publishing: {error}"))
+                .spawn(DriverResources::single_pool(
+                    "attr-node",
+                    vec![device(NumaNodeForm::List)],
+                ));
+        tokio::time::timeout(TIMEOUT, publisher.synced())
+            .await
+            .expect("slices written");
+        let stored = slices(client)
+            .list(&ListParams::default().fields("spec.driver=attr.example.com"))
+            .await
+            .unwrap()
+            .items;
+        let attributes = &stored[0].data["spec"]["devices"][0]["attributes"];
+        assert_eq!(
+            attributes[PCI_BUS_ID_ATTRIBUTE],
+            json!({ "string": "0000:3b:00.0" })
+        );
+        assert_eq!(
+            attributes["resource.kubernetes.io/pcieRoot"],
+            json!({ "string": "pci0000:3a" })
+        );
+        assert_eq!(attributes[NUMA_NODE_ATTRIBUTE], json!({ "ints": [1] }));
+        assert_eq!(attributes["vlans"], json!({ "ints": [10, 20] }));
+        publisher.stop().await;
+    }
+}
