@@ -9,3 +9,4 @@ pub mod config;
 pub mod devices;
 pub mod driver;
 pub mod host;
+pub mod plugin;

@@ -1,6 +1,64 @@
-//! `gpu-kubelet-plugin`: the NVIDIA DRA kubelet plugin.
+//! `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
 
-fn main() {
-    eprintln!("gpu-kubelet-plugin: not implemented yet");
-    std::process::exit(2);
+use anyhow::{Context, Result};
+use clap::Parser;
+use dra_driver_nvidia::devices::DRIVER_NAME;
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_sdk::plugin::KubeletPlugin;
+use tracing_subscriber::filter::{LevelFilter, Targets};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    // `RUST_LOG` as `level` and `target=level` directives (`Targets`, not `EnvFilter`: no regex
+    // engine in a binary that stays resident on every GPU node).
+    let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
+    let filter = match rust_log.parse::<Targets>() {
+        Ok(filter) if !rust_log.trim().is_empty() => filter,
+        Ok(_) => Targets::new().with_default(LevelFilter::INFO),
+        Err(error) => {
+            eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
+            Targets::new().with_default(LevelFilter::INFO)
+        }
+    };
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+        .with(filter)
+        .init();
+    let cli = Cli::parse();
+
+    // Discovery reads sysfs and NVML: blocking work, done before the runtime serves anything.
+    let nvidia = cli.nvidia.clone();
+    let plugin = tokio::task::spawn_blocking(move || NvidiaPlugin::from_args(&nvidia))
+        .await
+        .context("discovery task")?
+        .context("setting up the NVIDIA driver")?;
+    let node_name = cli.plugin.node_name.clone();
+    let resources = plugin.resources(&node_name);
+    tracing::info!(
+        backend = %plugin.backend.name(),
+        gpus = plugin.discovery.gpus.len(),
+        migs = plugin.discovery.migs.len(),
+        vfio = plugin.discovery.vfio.len(),
+        "devices discovered"
+    );
+
+    let client = cli
+        .plugin
+        .kube_client()
+        .await
+        .context("connecting to the API server")?;
+    let kubelet_plugin =
+        KubeletPlugin::builder(plugin.driver.clone(), DRIVER_NAME, &node_name, client)
+            .args(&cli.plugin)?
+            .resources(resources)
+            .start()
+            .await
+            .context("starting the plugin")?;
+    tracing::info!(driver = DRIVER_NAME, node = %node_name, "gpu-kubelet-plugin running");
+    kubelet_plugin.run_until_signal().await?;
+    // The mock host directory (if temporary) lives until here.
+    drop(plugin);
+    Ok(())
 }

@@ -1,0 +1,520 @@
+//! The `gpu-kubelet-plugin` command line and its assembly: flags and environment variables as
+//! upstream's (`drivers.md` A.6), then backend, host, driver and published devices built from
+//! them.
+//!
+//! The SDK's flags ([`PluginArgs`]: node name, kubeconfig, kubelet directories, CDI root,
+//! health-check port, HTTP endpoint) are flattened in; [`NvidiaArgs`] adds the driver's own.
+//!
+//! ```
+//! use clap::Parser;
+//! use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+//!
+//! let cli = Cli::try_parse_from([
+//!     "gpu-kubelet-plugin", "--node-name", "node-1", "--mock-profile", "dgx-h100",
+//! ])?;
+//! let plugin = NvidiaPlugin::from_args(&cli.nvidia)?;
+//! let resources = plugin.resources(&cli.plugin.node_name);
+//! assert_eq!(resources.device_count(), 8);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dra_sdk::cli::PluginArgs;
+use dra_sdk::slices::DriverResources;
+
+use crate::backend::mock::{MockBackend, ProfileError};
+use crate::backend::{BackendError, GpuBackend};
+use crate::cdi::DriverRoot;
+use crate::devices::{Discovery, DiscoveryError, DiscoveryOptions};
+use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
+use crate::host::{FakeHostTree, Host, HostError, SystemHost};
+
+/// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
+#[derive(Clone, Debug, clap::Parser)]
+#[command(
+    name = "gpu-kubelet-plugin",
+    version,
+    about = "NVIDIA GPU DRA kubelet plugin (gpu.nvidia.com): publishes full GPUs, static MIG \
+             devices and VFIO devices, and prepares them for pods through CDI.",
+    after_help = "Without a GPU: --mock-profile dgx-a100 (or dgx-h100, mixed, workstation, or \
+                  a profile file) serves a described machine; see drivers/nvidia/profiles/README.md."
+)]
+pub struct Cli {
+    /// The SDK's flags.
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+    /// The driver's flags.
+    #[command(flatten)]
+    pub nvidia: NvidiaArgs,
+}
+
+/// The NVIDIA driver's flags, with upstream's names and environment variables.
+#[derive(Clone, Debug, clap::Args)]
+pub struct NvidiaArgs {
+    /// Namespace the plugin runs in (from the downward API). Upstream creates its MPS control
+    /// daemons there; this driver records it for the same use.
+    #[arg(long, env = "NAMESPACE", default_value = "default")]
+    pub namespace: String,
+
+    /// Root of the NVIDIA driver installation on the node (`/` for a driver installed on the
+    /// host, `/run/nvidia/driver` for the GPU operator's driver container). Paths in CDI
+    /// specs are written relative to it. Also read from HOST_DRIVER_ROOT when
+    /// NVIDIA_DRIVER_ROOT is unset.
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", visible_alias = "host-driver-root")]
+    pub nvidia_driver_root: Option<PathBuf>,
+
+    /// Where the node's driver root is mounted inside the plugin's container; the plugin
+    /// looks for driver libraries and binaries (and libnvidia-ml) there.
+    #[arg(long, env = "DRIVER_ROOT_CTR_PATH", default_value = "/driver-root")]
+    pub container_driver_root: PathBuf,
+
+    /// Where the node's `/` is mounted inside the plugin's container. Needed by
+    /// PassthroughSupport (sysfs driver rebinding, modprobe and fuser run chrooted there);
+    /// it must exist when that gate is on.
+    #[arg(long, env = "HOST_ROOT", default_value = "/host-root")]
+    pub host_root: PathBuf,
+
+    /// Path of `nvidia-cdi-hook` on the node. Without it, CDI specs carry no hooks
+    /// (no ldcache update or symlink creation in the container).
+    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH")]
+    pub nvidia_cdi_hook_path: Option<PathBuf>,
+
+    /// Feature gates, `Name=true|false` separated by commas. Known gates: TimeSlicingSettings,
+    /// MPSSupport, PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata,
+    /// DRAListTypeAttributes, FabricManagerPartitioning, ConsumableShares and the
+    /// ComputeDomain gates. Dependencies are checked (DeviceMetadata needs
+    /// PassthroughSupport; DynamicMIG excludes PassthroughSupport, NVMLDeviceHealthCheck and
+    /// MPSSupport); an unknown gate is an error listing the known ones.
+    #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
+    pub feature_gates: FeatureGates,
+
+    /// Let several claims share a device: `disabled`, `memory`, `unlimited` or a number of
+    /// shares. Anything but `disabled` needs the ConsumableShares gate, which this driver
+    /// does not implement yet (it refuses to start rather than ignore it).
+    #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
+    pub consumable_shares: String,
+
+    /// Serve a described machine instead of the GPUs NVML reports: a shipped profile
+    /// (dgx-a100, dgx-h100, mixed, workstation) or a profile file. The mock's /proc, /sys and
+    /// /dev files are laid out under --mock-host-root.
+    #[arg(long, env = "MOCK_PROFILE")]
+    pub mock_profile: Option<String>,
+
+    /// With --mock-profile: the directory the mock machine's host files are laid out in
+    /// (created, or replaced if it holds an earlier layout). Default: a temporary directory
+    /// removed when the plugin stops.
+    #[arg(long, env = "MOCK_HOST_ROOT", requires = "mock_profile")]
+    pub mock_host_root: Option<PathBuf>,
+}
+
+fn parse_gates(text: &str) -> Result<FeatureGates, String> {
+    text.parse::<FeatureGates>()
+        .map_err(|error| error.to_string())
+}
+
+impl NvidiaArgs {
+    /// The node's driver root: `--nvidia-driver-root`, else `HOST_DRIVER_ROOT` from the
+    /// environment, else `/`.
+    pub fn nvidia_driver_root(&self) -> PathBuf {
+        self.nvidia_driver_root
+            .clone()
+            .or_else(|| std::env::var_os("HOST_DRIVER_ROOT").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/"))
+    }
+}
+
+/// Gates this driver does not implement yet: enabling one is a start-up error, not a silent
+/// no-op.
+const UNIMPLEMENTED_GATES: [FeatureGate; 4] = [
+    FeatureGate::DynamicMig,
+    FeatureGate::NvmlDeviceHealthCheck,
+    FeatureGate::FabricManagerPartitioning,
+    FeatureGate::ConsumableShares,
+];
+
+/// Why the plugin cannot be assembled from its flags.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// A feature gate this driver does not implement is on.
+    #[error(
+        "feature gate {gate} is not implemented by this driver yet; turn it off (--feature-gates {gate}=false)"
+    )]
+    UnimplementedGate {
+        /// The gate.
+        gate: &'static str,
+    },
+    /// `--consumable-shares` other than `disabled`.
+    #[error(
+        "--consumable-shares={value}: consumable shares need the ConsumableShares feature gate, \
+         which this driver does not implement yet; use --consumable-shares=disabled"
+    )]
+    ConsumableShares {
+        /// The value given.
+        value: String,
+    },
+    /// PassthroughSupport is on but the host root is not mounted.
+    #[error(
+        "PassthroughSupport needs the node's / at --host-root, but {} does not exist",
+        path.display()
+    )]
+    HostRootMissing {
+        /// The host root.
+        path: PathBuf,
+    },
+    /// No mock profile was given and the NVML backend is not built in.
+    #[error(
+        "this gpu-kubelet-plugin was built without the `nvml` feature: pass --mock-profile \
+         (or MOCK_PROFILE), or build with `--features nvml`"
+    )]
+    NvmlNotBuilt,
+    /// The mock profile could not be loaded.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    /// The backend failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The mock machine's host files could not be laid out.
+    #[error("laying out the mock host files: {0}")]
+    MockHost(#[source] HostError),
+    /// A temporary directory for the mock host files could not be made.
+    #[error("creating a directory for the mock host files: {0}")]
+    MockHostDir(#[source] std::io::Error),
+    /// Discovery failed.
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+}
+
+/// Everything the plugin runs on, assembled from its flags: the backend, the host, the
+/// [`NvidiaDriver`] and the devices it publishes.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct NvidiaPlugin {
+    /// The hardware.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The host (the real one, or the mock machine's files).
+    pub host: Arc<dyn Host>,
+    /// The `dra_sdk::driver::Driver`.
+    pub driver: NvidiaDriver,
+    /// The devices found at start-up.
+    pub discovery: Discovery,
+    /// Keeps a temporary mock host directory alive while the plugin runs.
+    _mock_host_dir: Option<tempfile::TempDir>,
+}
+
+impl NvidiaPlugin {
+    /// Validates the flags, opens the backend, lays out or opens the host, builds the driver
+    /// and discovers the devices.
+    #[tracing::instrument(skip_all, fields(mock_profile = args.mock_profile.as_deref()))]
+    pub fn from_args(args: &NvidiaArgs) -> Result<Self, SetupError> {
+        let gates = args.feature_gates.clone();
+        if let Some(gate) = UNIMPLEMENTED_GATES
+            .into_iter()
+            .find(|gate| gates.is_enabled(*gate))
+        {
+            return Err(SetupError::UnimplementedGate { gate: gate.name() });
+        }
+        if args.consumable_shares.trim() != "disabled" {
+            return Err(SetupError::ConsumableShares {
+                value: args.consumable_shares.clone(),
+            });
+        }
+        let passthrough = gates.is_enabled(FeatureGate::PassthroughSupport);
+
+        let (backend, host, mock_host_dir): (Arc<dyn GpuBackend>, Arc<dyn Host>, _) = match &args
+            .mock_profile
+        {
+            Some(profile) => {
+                let backend = MockBackend::from_profile(profile)?;
+                let (root, temporary) = match &args.mock_host_root {
+                    Some(root) => {
+                        prepare_mock_root(root)?;
+                        (root.clone(), None)
+                    }
+                    None => {
+                        let dir = tempfile::Builder::new()
+                            .prefix("gpu-kubelet-plugin-mock-host-")
+                            .tempdir()
+                            .map_err(SetupError::MockHostDir)?;
+                        (dir.path().to_owned(), Some(dir))
+                    }
+                };
+                let host = FakeHostTree::new(&root)
+                    .vfio_pci_loaded(passthrough)
+                    .build(backend.hardware())
+                    .map_err(SetupError::MockHost)?;
+                tracing::info!(profile = %backend.profile_name(), host_root = %root.display(), "mock backend");
+                (Arc::new(backend), Arc::new(host), temporary)
+            }
+            None => {
+                let backend = nvml_backend(&args.container_driver_root)?;
+                let host = if passthrough {
+                    if !args.host_root.exists() {
+                        return Err(SetupError::HostRootMissing {
+                            path: args.host_root.clone(),
+                        });
+                    }
+                    SystemHost::rooted(&args.host_root)
+                } else {
+                    SystemHost::new()
+                };
+                (backend, Arc::new(host), None)
+            }
+        };
+
+        let driver_root = if args.mock_profile.is_some() {
+            // The mock machine has no driver installation: CDI edits carry its device nodes
+            // only.
+            DriverRoot::new(Arc::clone(&host), "/")
+        } else {
+            DriverRoot::new(
+                Arc::new(SystemHost::rooted(&args.container_driver_root)),
+                args.nvidia_driver_root(),
+            )
+        };
+        let mut builder = NvidiaDriver::builder(Arc::clone(&backend), Arc::clone(&host))
+            .driver_root(driver_root)
+            .feature_gates(gates);
+        if let Some(hook) = &args.nvidia_cdi_hook_path {
+            builder = builder.cdi_hook(hook);
+        }
+        let driver = builder.build();
+        let discovery = Discovery::discover(
+            backend.as_ref(),
+            host.as_ref(),
+            &DiscoveryOptions::new().passthrough(passthrough),
+        )?;
+        Ok(Self {
+            backend,
+            host,
+            driver,
+            discovery,
+            _mock_host_dir: mock_host_dir,
+        })
+    }
+
+    /// What the plugin publishes on `node_name`: one pool named after the node.
+    pub fn resources(&self, node_name: &str) -> DriverResources {
+        self.discovery.resources(node_name)
+    }
+}
+
+/// Marks a directory as a mock host tree this plugin may replace.
+const MOCK_ROOT_MARKER: &str = ".gpu-kubelet-plugin-mock-host";
+
+/// Empties `root` for a fresh layout, refusing a non-empty directory that is not an earlier
+/// layout (so a typo never wipes a real directory).
+fn prepare_mock_root(root: &Path) -> Result<(), SetupError> {
+    let io = SetupError::MockHostDir;
+    match std::fs::read_dir(root) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                if !root.join(MOCK_ROOT_MARKER).exists() {
+                    return Err(SetupError::MockHostDir(std::io::Error::other(format!(
+                        "{} is not empty and holds no earlier mock layout ({MOCK_ROOT_MARKER}); \
+                         refusing to replace it",
+                        root.display()
+                    ))));
+                }
+                std::fs::remove_dir_all(root).map_err(io)?;
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(io(error)),
+    }
+    std::fs::create_dir_all(root).map_err(io)?;
+    std::fs::write(root.join(MOCK_ROOT_MARKER), "").map_err(io)
+}
+
+/// `libnvidia-ml.so.1` under the container driver root, where the usual library directories
+/// have it; else the loader's search path.
+#[cfg(feature = "nvml")]
+fn nvml_backend(container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, SetupError> {
+    use crate::backend::nvml::{DEFAULT_LIBRARY, NvmlBackend};
+    let candidates = [
+        "usr/lib64",
+        "usr/lib/x86_64-linux-gnu",
+        "usr/lib/aarch64-linux-gnu",
+        "lib64",
+        "lib/x86_64-linux-gnu",
+        "lib/aarch64-linux-gnu",
+        "usr/lib",
+    ];
+    let library = candidates
+        .iter()
+        .map(|dir| container_driver_root.join(dir).join(DEFAULT_LIBRARY))
+        .find(|path| path.exists())
+        .map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), |path| path);
+    Ok(Arc::new(NvmlBackend::open(library)?))
+}
+
+#[cfg(not(feature = "nvml"))]
+fn nvml_backend(_container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, SetupError> {
+    Err(SetupError::NvmlNotBuilt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(
+            ["gpu-kubelet-plugin", "--node-name", "node-1"]
+                .iter()
+                .chain(args),
+        )
+    }
+
+    #[test]
+    fn upstream_flags_parse() {
+        let cli = parse(&[
+            "--cdi-root",
+            "/var/run/cdi",
+            "--host-driver-root",
+            "/run/nvidia/driver",
+            "--container-driver-root",
+            "/driver-root",
+            "--host-root",
+            "/host-root",
+            "--feature-gates",
+            "PassthroughSupport=true,DeviceMetadata=true",
+            "--healthcheck-port",
+            "51516",
+            "--http-endpoint",
+            ":8080",
+            "--mock-profile",
+            "dgx-a100",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.nvidia.nvidia_driver_root(),
+            PathBuf::from("/run/nvidia/driver")
+        );
+        assert!(
+            cli.nvidia
+                .feature_gates
+                .is_enabled(FeatureGate::DeviceMetadata)
+        );
+        assert_eq!(cli.plugin.healthcheck_port().unwrap(), Some(51516));
+    }
+
+    #[test]
+    fn unknown_and_conflicting_gates_are_clear_errors() {
+        let error = parse(&["--feature-gates", "NoSuchGate=true"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown feature gate"), "{error}");
+        assert!(error.contains("PassthroughSupport"), "{error}");
+        let error = parse(&["--feature-gates", "DeviceMetadata=true"])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("PassthroughSupport"), "{error}");
+    }
+
+    #[test]
+    fn mock_plugin_publishes_the_profile() {
+        let cli = parse(&["--mock-profile", "dgx-a100"]).unwrap();
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        assert_eq!(plugin.resources("node-1").device_count(), 19);
+        assert_eq!(plugin.backend.name(), "mock:dgx-a100");
+    }
+
+    #[test]
+    fn passthrough_on_the_mock_machine_adds_vfio_twins() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("mock");
+        let root = root.to_str().unwrap();
+        let cli = parse(&[
+            "--mock-profile",
+            "dgx-h100",
+            "--mock-host-root",
+            root,
+            "--feature-gates",
+            "PassthroughSupport=true",
+        ])
+        .unwrap();
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        assert_eq!(plugin.resources("node-1").device_count(), 16);
+        // A second start replaces its own earlier layout.
+        NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    }
+
+    #[test]
+    fn a_foreign_mock_host_root_is_not_wiped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("precious"), "x").unwrap();
+        let cli = parse(&[
+            "--mock-profile",
+            "workstation",
+            "--mock-host-root",
+            dir.path().to_str().unwrap(),
+        ])
+        .unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(error.to_string().contains("refusing"), "{error}");
+        assert!(dir.path().join("precious").exists());
+    }
+
+    #[test]
+    fn unimplemented_features_refuse_to_start() {
+        let cli = parse(&[
+            "--mock-profile",
+            "dgx-a100",
+            "--feature-gates",
+            "DynamicMIG=true",
+        ])
+        .unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(error.to_string().contains("DynamicMIG"), "{error}");
+        let cli = parse(&["--mock-profile", "dgx-a100", "--consumable-shares", "4"]).unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(error.to_string().contains("ConsumableShares"), "{error}");
+    }
+
+    #[test]
+    fn passthrough_needs_the_host_root() {
+        let cli = parse(&[
+            "--feature-gates",
+            "PassthroughSupport=true",
+            "--host-root",
+            "/no/such/host-root",
+        ])
+        .unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        #[cfg(not(feature = "nvml"))]
+        assert!(matches!(error, SetupError::NvmlNotBuilt), "{error}");
+        #[cfg(feature = "nvml")]
+        assert!(
+            matches!(
+                error,
+                SetupError::HostRootMissing { .. } | SetupError::Backend(_)
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn help_explains_every_flag() {
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        for flag in [
+            "--node-name",
+            "--cdi-root",
+            "--nvidia-driver-root",
+            "--container-driver-root",
+            "--host-root",
+            "--feature-gates",
+            "--healthcheck-port",
+            "--http-endpoint",
+            "--mock-profile",
+            "[env: MOCK_PROFILE=]",
+            "[env: NVIDIA_DRIVER_ROOT=]",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
+        }
+    }
+}
