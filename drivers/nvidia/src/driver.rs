@@ -2,9 +2,10 @@
 //!
 //! Prepare, per claim:
 //!
-//! 1. read the hardware now (the backend's inventory, and NVIDIA PCI functions in sysfs for
-//!    VFIO devices) and resolve every allocated device name ([`DeviceName`]) to a full GPU,
-//!    a MIG device or a VFIO device; an unknown name fails the claim;
+//! 1. read the hardware now ([`Discovery`](crate::devices::Discovery): the backend's
+//!    inventory completed with the host's PCI facts, devices named exactly as published) and
+//!    resolve every allocated device name to a full GPU, a MIG device or a VFIO device; a
+//!    name not published now fails the claim;
 //! 2. pick each device's config ([`select_config`]; defaults when none applies) and check
 //!    that this node honours it ([`NvidiaConfig::check_supported`]);
 //! 3. reserve the devices: a device (or, for a GPU and its VFIO twin, the PCI function)
@@ -62,12 +63,13 @@ pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
 pub use names::DeviceName;
 pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
 
-use crate::backend::{GpuBackend, GpuInfo, Inventory, MigDeviceInfo};
+use crate::backend::{GpuBackend, GpuInfo, MigDeviceInfo};
 use crate::cdi::{CdiEdits, DriverRoot};
 use crate::config::{
     CandidateConfig, DeviceType, NvidiaConfig, VfioDeviceConfig, registry, select_config,
 };
-use crate::host::{Host, SystemHost, facts};
+use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
+use crate::host::{Host, SystemHost};
 
 /// The driver name upstream uses.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -75,9 +77,6 @@ pub const DRIVER_NAME: &str = "gpu.nvidia.com";
 pub const DEFAULT_VFIO_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Upstream's polling interval during that wait.
 pub const DEFAULT_VFIO_IDLE_POLL: Duration = Duration::from_secs(1);
-
-/// NVIDIA's PCI vendor ID.
-const NVIDIA_VENDOR: &str = "0x10de";
 
 /// Builds an [`NvidiaDriver`]: the backend and the host are required, the rest has
 /// upstream's defaults.
@@ -462,35 +461,6 @@ impl Target {
     }
 }
 
-/// The NVIDIA GPU PCI functions (display or 3D controllers) in bus-ID order: the
-/// enumeration `gpu-vfio-<index>` names count in.
-pub fn nvidia_pci_functions(host: &dyn Host) -> Result<Vec<String>, crate::host::HostError> {
-    let devices = match host.read_dir(std::path::Path::new("/sys/bus/pci/devices")) {
-        Ok(devices) => devices,
-        Err(error) if error.is_not_found() => return Ok(Vec::new()),
-        Err(error) => return Err(error),
-    };
-    let mut gpus = Vec::new();
-    for bus_id in devices {
-        let dir = facts::pci_device_dir(&bus_id);
-        let read = |file: &str| -> Result<String, crate::host::HostError> {
-            match host.read_to_string(&dir.join(file)) {
-                Ok(text) => Ok(text.trim().to_ascii_lowercase()),
-                Err(error) if error.is_not_found() => Ok(String::new()),
-                Err(error) => Err(error),
-            }
-        };
-        let class = read("class")?;
-        if read("vendor")? == NVIDIA_VENDOR
-            && (class.starts_with("0x0300") || class.starts_with("0x0302"))
-        {
-            gpus.push(bus_id);
-        }
-    }
-    gpus.sort();
-    Ok(gpus)
-}
-
 fn device_error(device: &str, reason: impl std::fmt::Display) -> DriverError {
     DriverError::Device {
         device: device.to_owned(),
@@ -498,77 +468,40 @@ fn device_error(device: &str, reason: impl std::fmt::Display) -> DriverError {
     }
 }
 
-/// Resolves a device name against the inventory (and sysfs for VFIO devices).
-fn resolve(
-    inner: &Inner,
-    inventory: &Inventory,
-    pci_functions: &mut Option<Vec<String>>,
-    device: &str,
-) -> Result<Target, DriverError> {
-    let not_found = |what: String| device_error(device, format!("{what} on this node"));
-    let name = DeviceName::parse(device)
-        .ok_or_else(|| device_error(device, "not a device name this driver publishes"))?;
-    let gpu_by_minor = |minor: u32| {
-        inventory
-            .gpus
-            .iter()
-            .find(|gpu| gpu.info.minor == minor)
-            .ok_or_else(|| not_found(format!("no GPU with minor {minor}")))
-    };
-    match name {
-        DeviceName::Gpu { minor } => Ok(Target::Gpu(gpu_by_minor(minor)?.info.clone())),
-        DeviceName::Mig {
-            parent_minor,
-            profile,
-            profile_id,
-            placement_start,
-        } => {
-            let parent = gpu_by_minor(parent_minor)?;
-            let mig = parent
-                .mig_devices
-                .iter()
-                .find(|mig| {
-                    mig.profile_id == profile_id
-                        && mig.placement.start == placement_start
-                        && DeviceName::mig_profile_part(&mig.profile) == profile
-                })
-                .ok_or_else(|| {
-                    not_found(format!(
-                        "no MIG device with profile {profile} (ID {profile_id}) at placement \
-                         {placement_start} on GPU {parent_minor}"
-                    ))
-                })?;
-            Ok(Target::Mig {
-                parent: parent.info.clone(),
-                mig: mig.clone(),
-            })
-        }
-        DeviceName::Vfio { index } => {
-            if !inner.gates.is_enabled(FeatureGate::PassthroughSupport) {
-                return Err(device_error(
-                    device,
+/// Reads the hardware now: the backend's inventory, completed with the host's PCI facts, with
+/// the devices named exactly as they are published ([`Discovery`]).
+fn discover(inner: &Inner) -> Result<Discovery, DriverError> {
+    let options = DiscoveryOptions::new()
+        .passthrough(inner.gates.is_enabled(FeatureGate::PassthroughSupport));
+    Discovery::discover(inner.backend.as_ref(), inner.host.as_ref(), &options)
+        .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))
+}
+
+/// Resolves an allocated device name to what it is on this node now.
+fn resolve(inner: &Inner, discovery: &Discovery, device: &str) -> Result<Target, DriverError> {
+    match discovery.device(device) {
+        Some(NodeDevice::Gpu(gpu)) => Ok(Target::Gpu(gpu.info.clone())),
+        Some(NodeDevice::Mig(mig)) => Ok(Target::Mig {
+            parent: mig.parent.clone(),
+            mig: mig.mig.clone(),
+        }),
+        Some(NodeDevice::Vfio(vfio)) => Ok(Target::Vfio {
+            bus_id: vfio.pci_bus_id.clone(),
+            minor: vfio.gpu.as_ref().map(|gpu| gpu.minor),
+        }),
+        None => Err(device_error(
+            device,
+            match DeviceName::parse(device) {
+                Some(DeviceName::Vfio { .. })
+                    if !inner.gates.is_enabled(FeatureGate::PassthroughSupport) =>
+                {
                     "VFIO devices need the \"PassthroughSupport\" feature gate, which is not \
-                     enabled on this node",
-                ));
-            }
-            if pci_functions.is_none() {
-                *pci_functions = Some(
-                    nvidia_pci_functions(inner.host.as_ref())
-                        .map_err(|error| device_error(device, error))?,
-                );
-            }
-            let bus_id = pci_functions
-                .as_ref()
-                .and_then(|functions| functions.get(index as usize))
-                .cloned()
-                .ok_or_else(|| not_found(format!("no NVIDIA GPU PCI function #{index}")))?;
-            let minor = inventory
-                .gpus
-                .iter()
-                .find(|gpu| gpu.info.pci.bus_id == bus_id)
-                .map(|gpu| gpu.info.minor);
-            Ok(Target::Vfio { bus_id, minor })
-        }
+                     enabled on this node"
+                }
+                Some(_) => "no such device on this node now",
+                None => "not a device name this driver publishes",
+            },
+        )),
     }
 }
 
@@ -799,18 +732,16 @@ impl Driver for NvidiaDriver {
 
     async fn prepare(&self, claim: &Claim<NvidiaConfig>) -> Result<PreparedClaim, DriverError> {
         let inner = Arc::clone(&self.inner);
-        let inventory = {
-            let backend = Arc::clone(&inner.backend);
-            tokio::task::spawn_blocking(move || backend.inventory())
+        let discovery = {
+            let inner = Arc::clone(&inner);
+            tokio::task::spawn_blocking(move || discover(&inner))
                 .await
-                .map_err(join_error)?
-                .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))?
+                .map_err(join_error)??
         };
 
-        let mut pci_functions = None;
         let mut planned = Vec::with_capacity(claim.devices.len());
         for device in &claim.devices {
-            let target = resolve(&inner, &inventory, &mut pci_functions, &device.device)?;
+            let target = resolve(&inner, &discovery, &device.device)?;
             let explicit = names_request(claim, &inner.driver_name, device);
             let candidates: Vec<CandidateConfig<'_>> = device
                 .configs

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Checks what each demo's containers printed against what its README says to expect: the
+# GPU_DEVICE_* variables the driver gave them. Exits non-zero naming every demo that differs.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "$0")/common.sh"
+need "$KUBECTL"
+
+failed=()
+
+# uuids <namespace> <pod> <container>: the GPU UUIDs the container got, sorted, on one line.
+uuids() {
+  kubectl_ logs -n "$1" "$2" -c "$3" | grep -E '^GPU_DEVICE_[0-9]+=' | cut -d= -f2 | sort | tr '\n' ' '
+}
+count() { wc -w <<<"$1"; }
+# printed <namespace> <pod> <container> <extended regex>: the container printed a matching line.
+printed() {
+  kubectl_ logs -n "$1" "$2" -c "$3" | grep -qE "$4"
+}
+# expect <demo> <what> <command...>: runs the check and records a failure.
+expect() {
+  local demo=$1 what=$2
+  shift 2
+  if "$@"; then
+    say "$demo: $what"
+  else
+    echo "FAILED $demo: $what" >&2
+    failed+=("$demo")
+  fi
+}
+
+distinct_single_gpus() {
+  local a b
+  a=$(uuids "$1" pod0 ctr)
+  b=$(uuids "$1" pod1 ctr)
+  [[ $(count "$a") -eq 1 && $(count "$b") -eq 1 && $a != "$b" ]]
+}
+expect two-pods-one-gpu-each "each pod has one GPU, and they differ" \
+  distinct_single_gpus two-pods-one-gpu-each
+
+same_single_gpu() { # <namespace> <pod> <container> <pod> <container>
+  local a b
+  a=$(uuids "$1" "$2" "$3")
+  b=$(uuids "$1" "$4" "$5")
+  [[ $(count "$a") -eq 1 && $a == "$b" ]]
+}
+expect containers-share-a-gpu "one GPU, the same in both containers" \
+  same_single_gpu containers-share-a-gpu pod ctr0 pod ctr1
+expect pods-share-a-claim "one GPU, the same in both pods" \
+  same_single_gpu pods-share-a-claim pod0 ctr pod1 ctr
+
+expect cel-selector "the GPU has index 6 or 7" \
+  printed cel-selector pod ctr '^GPU_DEVICE_[67]='
+
+expect opaque-configs "ts-ctr: time-slicing with the Long interval" \
+  printed opaque-configs pod ts-ctr '^GPU_DEVICE_[0-9]+_TIMESLICE_INTERVAL=Long$'
+expect opaque-configs "sp-ctr: space-partitioning into 4" \
+  printed opaque-configs pod sp-ctr '^GPU_DEVICE_[0-9]+_PARTITION_COUNT=4$'
+
+every_gpu_with_admin_access() {
+  [[ $(count "$(uuids admin-access pod ctr)") -eq 8 ]] && printed admin-access pod ctr '^DRA_ADMIN_ACCESS=true$'
+}
+expect admin-access "all 8 GPUs of the node, with admin access" every_gpu_with_admin_access
+
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "demos that differ from their README: ${failed[*]}" >&2
+  exit 1
+fi
+say "every demo matches its README"

@@ -1,0 +1,279 @@
+//! The kind walkthrough's demos (`examples/kind/demos/*/demo.yaml`) against the embedded
+//! cluster, so they are tested although kind does not run here: each demo's claims are made
+//! from its YAML as the resourceclaim controller would (one claim per pod for a template),
+//! allocated by the SDK's scheduler-like allocator (CEL, `All`, admin access), prepared by the
+//! mock GPU plugin through the simulated kubelet, and the environment each container would get
+//! from the CDI specs is checked against what the demo's README promises, the same checks
+//! `examples/kind/check-demos.sh` makes on a kind cluster.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dra_sdk::cdi::Spec;
+use dra_sdk::testing::allocator::allocate_claim;
+use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
+use dra_sdk::testing::kubelet::KubeletDevice;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, PostParams};
+use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
+use serde_json::{Value, json};
+use support::chart::{OpenApi, decode, describe};
+
+fn demos_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kind/demos")
+}
+
+/// `pod/container` → the environment the container would get.
+type Environments = BTreeMap<String, Vec<String>>;
+
+/// Runs one demo in a fresh embedded cluster with 8 mock GPUs.
+async fn run_demo(name: &str) -> Environments {
+    let text = std::fs::read_to_string(demos_dir().join(name).join("demo.yaml")).unwrap();
+    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, 8);
+    let resources = driver.resources();
+    let running = TestCluster::start_with(driver, DEFAULT_DRIVER_NAME, resources)
+        .await
+        .unwrap();
+    let client = running.cluster().client();
+    let templates: BTreeMap<&str, &Value> = documents
+        .iter()
+        .filter(|d| d["kind"] == "ResourceClaimTemplate")
+        .map(|d| (d["metadata"]["name"].as_str().unwrap(), &d["spec"]["spec"]))
+        .collect();
+    for claim in documents.iter().filter(|d| d["kind"] == "ResourceClaim") {
+        create_claim(&client, claim.clone()).await;
+    }
+    // claim name → what the kubelet got for it; a shared claim is prepared once.
+    let mut prepared: BTreeMap<String, Vec<KubeletDevice>> = BTreeMap::new();
+    let mut environments = Environments::new();
+    for pod in documents.iter().filter(|d| d["kind"] == "Pod") {
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap();
+        let pod_name = pod["metadata"]["name"].as_str().unwrap();
+        // pod claim name → ResourceClaim name.
+        let mut claims = BTreeMap::new();
+        for entry in pod["spec"]["resourceClaims"].as_array().unwrap() {
+            let entry_name = entry["name"].as_str().unwrap();
+            let claim_name = match entry["resourceClaimTemplateName"].as_str() {
+                Some(template) => {
+                    let claim_name = format!("{pod_name}-{entry_name}");
+                    create_claim(
+                        &client,
+                        json!({
+                            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                            "metadata": { "name": claim_name, "namespace": namespace },
+                            "spec": templates[template],
+                        }),
+                    )
+                    .await;
+                    claim_name
+                }
+                None => entry["resourceClaimName"].as_str().unwrap().to_owned(),
+            };
+            if !prepared.contains_key(&claim_name) {
+                let devices = prepare(&running, namespace, &claim_name).await;
+                prepared.insert(claim_name.clone(), devices);
+            }
+            claims.insert(entry_name.to_owned(), claim_name);
+        }
+        for container in pod["spec"]["containers"].as_array().unwrap() {
+            let mut devices = Vec::new();
+            for use_ in container["resources"]["claims"].as_array().unwrap() {
+                let claim = &claims[use_["name"].as_str().unwrap()];
+                let request = use_["request"].as_str();
+                devices.extend(prepared[claim].iter().filter(|device| {
+                    request.is_none_or(|request| {
+                        device.request_names.is_empty()
+                            || device.request_names.iter().any(|r| r == request)
+                    })
+                }));
+            }
+            let key = format!("{pod_name}/{}", container["name"].as_str().unwrap());
+            environments.insert(key, container_env(&running.cluster().cdi_root(), &devices));
+        }
+    }
+    environments
+}
+
+async fn create_claim(client: &kube::Client, claim: Value) {
+    let claim: ResourceClaim = serde_json::from_value(claim).unwrap();
+    let namespace = claim.metadata.namespace.clone().unwrap();
+    Api::<ResourceClaim>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap();
+}
+
+async fn prepare(running: &RunningPlugin, namespace: &str, name: &str) -> Vec<KubeletDevice> {
+    let claim = allocate_claim(
+        &running.cluster().client(),
+        namespace,
+        name,
+        NODE_NAME,
+        None,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("allocating {namespace}/{name}: {error}"));
+    let claim = claim_ref(&claim).unwrap();
+    let mut outcomes = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    outcomes
+        .remove(&claim.uid)
+        .unwrap()
+        .unwrap_or_else(|error| panic!("preparing {namespace}/{name}: {error}"))
+}
+
+/// The environment a container with `devices` gets: the spec-level and device-level env of
+/// the CDI spec files that define their CDI IDs, as the runtime applies them.
+fn container_env(cdi_root: &Path, devices: &[&KubeletDevice]) -> Vec<String> {
+    let specs: Vec<Spec> = std::fs::read_dir(cdi_root)
+        .unwrap()
+        .map(|entry| Spec::read_file(entry.unwrap().path()).unwrap())
+        .collect();
+    let mut env = std::collections::BTreeSet::new();
+    for id in devices.iter().flat_map(|d| &d.cdi_device_ids) {
+        let (kind, name) = id.split_once('=').unwrap();
+        let (spec, device) = specs
+            .iter()
+            .find_map(|spec| {
+                let device = spec.devices.iter().find(|d| d.name == name)?;
+                (spec.kind.to_string() == kind).then_some((spec, device))
+            })
+            .unwrap_or_else(|| panic!("no CDI spec defines {id}"));
+        env.extend(spec.container_edits.env.iter().cloned());
+        env.extend(device.container_edits.env.iter().cloned());
+    }
+    env.into_iter().collect()
+}
+
+/// The GPU UUIDs (`GPU_DEVICE_<n>=<uuid>`) in an environment.
+fn uuids(env: &[String]) -> Vec<&str> {
+    env.iter()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(name, _)| {
+            name.strip_prefix("GPU_DEVICE_")
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|(_, value)| value)
+        .collect()
+}
+
+fn has_line(env: &[String], predicate: impl Fn(&str) -> bool) -> bool {
+    env.iter().any(|line| predicate(line))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_get_one_distinct_gpu_each() {
+    let env = run_demo("two-pods-one-gpu-each").await;
+    let (a, b) = (uuids(&env["pod0/ctr"]), uuids(&env["pod1/ctr"]));
+    assert_eq!((a.len(), b.len()), (1, 1), "{env:#?}");
+    assert_ne!(a, b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_containers_share_one_gpu() {
+    let env = run_demo("containers-share-a-gpu").await;
+    let a = uuids(&env["pod/ctr0"]);
+    assert_eq!(a.len(), 1, "{env:#?}");
+    assert_eq!(a, uuids(&env["pod/ctr1"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pods_share_one_claim() {
+    let env = run_demo("pods-share-a-claim").await;
+    let a = uuids(&env["pod0/ctr"]);
+    assert_eq!(a.len(), 1, "{env:#?}");
+    assert_eq!(a, uuids(&env["pod1/ctr"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cel_selector_picks_a_high_index_gpu() {
+    let env = run_demo("cel-selector").await;
+    let ctr = &env["pod/ctr"];
+    assert_eq!(uuids(ctr).len(), 1, "{env:#?}");
+    assert!(
+        has_line(ctr, |l| l.starts_with("GPU_DEVICE_6=")
+            || l.starts_with("GPU_DEVICE_7=")),
+        "{env:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opaque_configs_reach_their_containers() {
+    let env = run_demo("opaque-configs").await;
+    let (ts, sp) = (&env["pod/ts-ctr"], &env["pod/sp-ctr"]);
+    assert_eq!((uuids(ts).len(), uuids(sp).len()), (1, 1), "{env:#?}");
+    assert_ne!(uuids(ts), uuids(sp));
+    assert!(
+        has_line(ts, |l| l.ends_with("_TIMESLICE_INTERVAL=Long")),
+        "{ts:#?}"
+    );
+    assert!(
+        has_line(sp, |l| l.ends_with("_PARTITION_COUNT=4")),
+        "{sp:#?}"
+    );
+    assert!(
+        !has_line(ts, |l| l.contains("_PARTITION_COUNT=")),
+        "{ts:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_access_sees_every_gpu() {
+    let env = run_demo("admin-access").await;
+    let ctr = &env["pod/ctr"];
+    assert_eq!(uuids(ctr).len(), 8, "{env:#?}");
+    assert!(has_line(ctr, |l| l == "DRA_ADMIN_ACCESS=true"), "{ctr:#?}");
+}
+
+#[test]
+fn every_demo_has_a_readme_a_test_and_a_check() {
+    let check = std::fs::read_to_string(demos_dir().join("../check-demos.sh")).unwrap();
+    let common = std::fs::read_to_string(demos_dir().join("../common.sh")).unwrap();
+    let this = include_str!("kind_demos.rs");
+    for entry in std::fs::read_dir(demos_dir()).unwrap() {
+        let dir = entry.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(dir.join("README.md").is_file(), "{name} has no README.md");
+        assert!(dir.join("demo.yaml").is_file(), "{name} has no demo.yaml");
+        assert!(
+            check.contains(&name),
+            "check-demos.sh does not check {name}"
+        );
+        assert!(common.contains(&name), "common.sh's DEMOS lacks {name}");
+        assert!(
+            this.contains(&format!("run_demo(\"{name}\")")),
+            "no test runs {name}"
+        );
+    }
+}
+
+#[test]
+fn every_demo_object_is_valid_for_the_api_server() {
+    let openapi = OpenApi::load();
+    let mut problems = Vec::new();
+    for entry in std::fs::read_dir(demos_dir()).unwrap() {
+        let file = entry.unwrap().path().join("demo.yaml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        for document in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
+            let what = format!("{}: {}", file.display(), describe(&document));
+            problems.extend(
+                openapi
+                    .check(&document)
+                    .into_iter()
+                    .map(|p| format!("{what}: OpenAPI: {p}")),
+            );
+            problems.extend(
+                decode(&document)
+                    .into_iter()
+                    .map(|p| format!("{what}: decode: {p}")),
+            );
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
