@@ -822,3 +822,74 @@ async fn reservations_survive_a_restart_through_the_checkpoint() {
     let restarted = f.builder("").prepared_claims(records).build();
     assert_eq!(restarted.prepared_devices().get("gpu-6"), Some(&claim.uid));
 }
+
+/// The mock plugin's setup: every device each shipped profile publishes prepares and
+/// unprepares on the profile's `FakeHostTree`, with a driver root without libraries (a node
+/// without GPUs), and the SDK accepts the resulting CDI spec.
+#[tokio::test]
+async fn every_published_device_of_every_shipped_profile_prepares_on_its_fake_host() {
+    use dra_driver_nvidia::backend::mock::MockBackend;
+    use dra_driver_nvidia::cdi::DriverRoot;
+    use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
+    use dra_driver_nvidia::host::FakeHostTree;
+    use std::sync::Arc;
+
+    for backend in MockBackend::shipped().unwrap() {
+        let profile = backend.profile_name().to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHostTree::new(dir.path())
+            .iommu(true)
+            .vfio_pci_loaded(true)
+            .build(backend.hardware())
+            .unwrap();
+        host.script("fuser", [CommandOutput::failed(1, "")]);
+        host.script("modprobe", [CommandOutput::ok("")]);
+        let discovery =
+            Discovery::discover(&backend, &host, &DiscoveryOptions::new().passthrough(true))
+                .unwrap();
+        let names: Vec<String> = discovery.iter().map(|d| d.name().to_owned()).collect();
+        let host = Arc::new(host);
+        let driver = NvidiaDriver::builder(Arc::new(backend), host.clone())
+            .driver_root(DriverRoot::new(host.clone(), "/"))
+            .feature_gates("PassthroughSupport=true".parse().unwrap())
+            .vfio_idle_wait(Duration::from_millis(1), Duration::from_millis(10))
+            .build();
+        let cluster = TestCluster::start().await.unwrap();
+        let plugin = cluster.plugin(driver, DRIVER_NAME).start().await.unwrap();
+        let kubelet = cluster
+            .register(&plugin, KubeletVersion::V1_36)
+            .await
+            .unwrap();
+        for (index, name) in names.iter().enumerate() {
+            let claim = claim_ref(
+                &AllocatedClaim::new("default", format!("c{index}"))
+                    .device("dev", DRIVER_NAME, NODE_NAME, name)
+                    .create(&cluster.client())
+                    .await
+                    .unwrap(),
+            );
+            let prepared = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
+            let devices = prepared[&claim.uid]
+                .as_ref()
+                .unwrap_or_else(|error| panic!("{profile} {name}: {error}"));
+            assert_eq!(devices[0].cdi_device_ids.len(), 1, "{profile} {name}");
+            let unprepared = kubelet
+                .unprepare(std::slice::from_ref(&claim))
+                .await
+                .unwrap();
+            assert_eq!(unprepared[&claim.uid], Ok(()), "{profile} {name}");
+        }
+        // Every GPU is back on nvidia.
+        for gpu in &discovery.inventory.gpus {
+            assert_eq!(
+                dra_driver_nvidia::host::facts::pci_driver(host.as_ref(), &gpu.info.pci.bus_id)
+                    .unwrap()
+                    .as_deref(),
+                Some("nvidia"),
+                "{profile} {}",
+                gpu.info.pci.bus_id
+            );
+        }
+        plugin.shutdown().await.unwrap();
+    }
+}
