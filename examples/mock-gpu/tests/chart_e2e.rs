@@ -77,9 +77,18 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     })
     .await
     .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
-    let first_versions: Vec<_> = slices
+    // The owner reference needs the Node's UID: `get` on nodes was used.
+    for slice in &slices {
+        let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Node", "node-1")
+        );
+        assert!(!owner.uid.is_empty());
+    }
+    let first: Vec<_> = slices
         .iter()
-        .map(|s| s.metadata.resource_version.clone())
+        .map(|s| (s.metadata.name.clone(), s.metadata.resource_version.clone()))
         .collect();
     plugin.stop();
 
@@ -90,7 +99,11 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     })
     .await
     .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
-    assert!(!first_versions.contains(&slices[0].metadata.resource_version));
+    // The same slice, rewritten (`update`); the others are gone (`delete`).
+    let kept = &slices[0].metadata;
+    let before = first.iter().find(|(name, _)| *name == kept.name);
+    let (_, version) = before.expect("the remaining slice is one of the first ones, updated");
+    assert_ne!(*version, kept.resource_version);
     node.wait_for_registration(DRIVER, 0, TIMEOUT)
         .await
         .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
