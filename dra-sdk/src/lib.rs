@@ -50,6 +50,7 @@
 //! - [`cdi`]: CDI spec types, validation and per-claim spec files;
 //! - [`slices`]: the device model and the ResourceSlice publisher;
 //! - [`health`]: device health for the kubelet's health stream;
+//! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
 //! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`).
 #![deny(missing_docs)]
@@ -64,6 +65,7 @@ pub mod cli;
 pub mod config;
 pub mod driver;
 pub mod health;
+pub mod metadata;
 mod metrics;
 pub mod plugin;
 pub mod proto;
