@@ -222,6 +222,7 @@ impl NvidiaPlugin {
             });
         }
         let passthrough = gates.is_enabled(FeatureGate::PassthroughSupport);
+        let list_type_attributes = gates.is_enabled(FeatureGate::DraListTypeAttributes);
 
         let (backend, host, mock_host_dir): (Arc<dyn GpuBackend>, Arc<dyn Host>, _) = match &args
             .mock_profile
@@ -284,7 +285,9 @@ impl NvidiaPlugin {
         let discovery = Discovery::discover(
             backend.as_ref(),
             host.as_ref(),
-            &DiscoveryOptions::new().passthrough(passthrough),
+            &DiscoveryOptions::new()
+                .passthrough(passthrough)
+                .list_type_attributes(list_type_attributes),
         )?;
         Ok(Self {
             backend,

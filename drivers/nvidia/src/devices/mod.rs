@@ -20,7 +20,9 @@
 //! * GPU: `type`, `uuid`, `productName`, `brand`, `architecture`, `cudaComputeCapability`
 //!   (version), `driverVersion` (version), `cudaDriverVersion` (version),
 //!   `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` and
-//!   `resource.kubernetes.io/numaNode` when known, `addressingMode` when reported; capacity
+//!   `resource.kubernetes.io/numaNode` when known (a one-element int list with
+//!   [`DiscoveryOptions::list_type_attributes`], gate `DRAListTypeAttributes`),
+//!   `addressingMode` when reported; capacity
 //!   `memory` (bytes). Upstream removed `index`, `minor` and `pcieBusID` (issue #563), and so
 //!   does this driver.
 //! * MIG: `type`, `uuid` (`MIG-…`), `parentUUID`, `profile` (`1g.10gb`), the parent's
@@ -115,6 +117,9 @@ impl ToAttributeValue for DeviceType {
 pub struct DiscoveryOptions {
     /// Publish VFIO devices (feature gate `PassthroughSupport`).
     pub passthrough: bool,
+    /// Publish `resource.kubernetes.io/numaNode` as a one-element int list (feature gate
+    /// `DRAListTypeAttributes`, KEP-6072; Kubernetes 1.36+).
+    pub list_type_attributes: bool,
 }
 
 impl DiscoveryOptions {
@@ -126,6 +131,12 @@ impl DiscoveryOptions {
     /// With or without VFIO devices.
     pub fn passthrough(mut self, enabled: bool) -> Self {
         self.passthrough = enabled;
+        self
+    }
+
+    /// With list-typed attributes or without.
+    pub fn list_type_attributes(mut self, enabled: bool) -> Self {
+        self.list_type_attributes = enabled;
         self
     }
 }
@@ -184,7 +195,7 @@ struct GpuCommon {
     #[dra(name = "resource.kubernetes.io/pcieRoot")]
     pcie_root: Option<String>,
     #[dra(name = "resource.kubernetes.io/numaNode")]
-    numa_node: Option<i64>,
+    numa_node: Option<AttributeValue>,
     addressing_mode: Option<String>,
 }
 
@@ -239,7 +250,7 @@ struct VfioAttributes {
     #[dra(name = "resource.kubernetes.io/pcieRoot")]
     pcie_root: Option<String>,
     #[dra(name = "resource.kubernetes.io/numaNode")]
-    numa_node: Option<i64>,
+    numa_node: Option<AttributeValue>,
     #[dra(capacity)]
     addressable_memory: Option<Bytes>,
 }
@@ -411,7 +422,7 @@ impl Discovery {
                 cuda_driver_version: cuda_driver_version.clone(),
                 pci_bus_id: info.pci.bus_id.clone(),
                 pcie_root: info.pcie_root.clone(),
-                numa_node: info.numa_node.map(i64::from),
+                numa_node: numa_attribute(info.numa_node, options),
                 addressing_mode: info.addressing_mode.clone(),
             };
             let mig_on = gpu.mig_mode.is_some_and(|mode| mode.current);
@@ -482,7 +493,7 @@ impl Discovery {
                     iommu_fd_enabled: iommu_fd,
                     pci_bus_id: twin.bus_id.clone(),
                     pcie_root: twin.pcie_root.clone(),
-                    numa_node: twin.numa_node.map(i64::from),
+                    numa_node: numa_attribute(twin.numa_node, options),
                     addressable_memory: gpu.as_ref().map(|gpu| Bytes(gpu.memory_bytes)),
                 };
                 VfioDevice {
@@ -659,6 +670,17 @@ mod either {
         }
         out
     }
+}
+
+/// `resource.kubernetes.io/numaNode`: an int, or a one-element int list with
+/// `DRAListTypeAttributes`.
+fn numa_attribute(node: Option<u32>, options: &DiscoveryOptions) -> Option<AttributeValue> {
+    let node = i64::from(node?);
+    Some(if options.list_type_attributes {
+        AttributeValue::Ints(vec![node])
+    } else {
+        AttributeValue::Int(node)
+    })
 }
 
 fn version(attribute: &'static str, device: &str, value: &str) -> Result<Version, DiscoveryError> {

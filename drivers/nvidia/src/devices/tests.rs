@@ -354,3 +354,31 @@ fn bad_versions_are_named() {
         "{error}"
     );
 }
+
+#[test]
+fn numa_node_as_a_list_with_dra_list_type_attributes() {
+    let options = DiscoveryOptions::new()
+        .list_type_attributes(true)
+        .passthrough(true);
+    let (_dir, discovery) = discover("dgx-a100", &options);
+    let discovery = discovery.unwrap();
+    let resources = discovery.resources("node-1");
+    for device in &resources.pools["node-1"].devices {
+        assert!(
+            matches!(
+                device.attributes["resource.kubernetes.io/numaNode"],
+                AttributeValue::Ints(ref nodes) if nodes.len() == 1
+            ),
+            "{}",
+            device.name
+        );
+    }
+    resources
+        .validate(&SliceLimits::for_release(KubernetesVersion::new(1, 36)))
+        .unwrap();
+    assert!(
+        resources
+            .validate(&SliceLimits::for_release(KubernetesVersion::new(1, 35)))
+            .is_err()
+    );
+}
