@@ -55,7 +55,7 @@ fn every_rendered_object_is_valid_for_the_api_server() {
             );
             // Namespaced objects carry the release namespace, so the output applies as is.
             let kind = document["kind"].as_str().unwrap_or_default();
-            if ["ServiceAccount", "DaemonSet"].contains(&kind) {
+            if ["ServiceAccount", "DaemonSet", "Service"].contains(&kind) {
                 assert_eq!(document["metadata"]["namespace"], NAMESPACE, "{what}");
             }
         }
@@ -79,6 +79,7 @@ fn the_defaults_render_what_the_readme_lists() {
         "ValidatingAdmissionPolicyBinding",
         "DeviceClass",
         "DaemonSet",
+        "Service",
     ]
     .into();
     assert_eq!(kinds, expected);

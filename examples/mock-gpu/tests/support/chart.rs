@@ -240,7 +240,7 @@ pub fn decode(document: &Value) -> Vec<String> {
         ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
     };
     use k8s_openapi::api::apps::v1::DaemonSet;
-    use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+    use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
     let api_version = document["apiVersion"].as_str().unwrap_or_default();
@@ -249,6 +249,7 @@ pub fn decode(document: &Value) -> Vec<String> {
         ("v1", "Namespace") => round_trip::<Namespace>(document),
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(document),
         ("v1", "Pod") => round_trip::<Pod>(document),
+        ("v1", "Service") => round_trip::<Service>(document),
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
