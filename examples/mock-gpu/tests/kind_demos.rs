@@ -277,3 +277,43 @@ fn every_demo_object_is_valid_for_the_api_server() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+#[test]
+fn the_kind_config_has_two_nodes_cdi_and_known_gates() {
+    let kind_dir = demos_dir().join("..");
+    let config: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(kind_dir.join("kind-config.yaml")).unwrap(),
+    )
+    .unwrap();
+    let roles: Vec<&str> = config["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|node| node["role"].as_str())
+        .collect();
+    assert_eq!(roles, ["control-plane", "worker"]);
+    let patches = config["containerdConfigPatches"][0].as_str().unwrap();
+    assert!(patches.contains("enable_cdi = true"), "{patches}");
+    // Every gate is a DRA gate of Kubernetes 1.36 (the e2e harness's list): no typos, none
+    // that a 1.36 component would refuse to start with.
+    let known = dra_sdk::testing::e2e::FEATURE_GATES;
+    for (gate, value) in config["featureGates"].as_object().unwrap() {
+        assert!(
+            known.contains(&gate.as_str()),
+            "unknown feature gate {gate}"
+        );
+        assert_eq!(value, true, "{gate}");
+    }
+    for gate in ["DRAPartitionableDevices", "DRAConsumableCapacity"] {
+        assert_eq!(config["featureGates"][gate], true, "{gate} is off");
+    }
+    // The node image is Kubernetes 1.34 or newer.
+    let common = std::fs::read_to_string(kind_dir.join("common.sh")).unwrap();
+    let tag = common
+        .lines()
+        .find_map(|line| line.strip_prefix(": \"${KIND_NODE_IMAGE:=kindest/node:v"))
+        .and_then(|rest| rest.strip_suffix("}\""))
+        .expect("KIND_NODE_IMAGE in common.sh");
+    let minor: u32 = tag.split('.').nth(1).unwrap().parse().unwrap();
+    assert!(minor >= 34, "kindest/node:v{tag} is older than 1.34");
+}
