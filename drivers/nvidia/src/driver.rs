@@ -17,7 +17,8 @@
 //!    node as it found it;
 //! 5. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
 //!
-//! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored),
+//! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
+//! unreadable state is logged and nothing is undone),
 //! returns VFIO devices to their previous driver and releases the reservations. It tolerates
 //! a missing state (a prepare that failed or was interrupted undid its own work) and a GPU
 //! already back on its driver, so it is idempotent.
@@ -322,10 +323,14 @@ struct Reservations {
     by_key: BTreeMap<String, Owner>,
 }
 
+fn pci_key(bus_id: &str) -> String {
+    format!("{PCI_KEY_PREFIX}{bus_id}")
+}
+
 fn reservation_keys(device: &str, kind: &PreparedKind) -> Vec<String> {
     let mut keys = vec![device.to_owned()];
     if let Some(bus_id) = kind.pci_bus_id() {
-        keys.push(format!("{PCI_KEY_PREFIX}{bus_id}"));
+        keys.push(pci_key(bus_id));
     }
     keys
 }
@@ -354,6 +359,22 @@ impl Reservations {
     ) -> Result<(), DriverError> {
         for (device, admin, kind) in devices {
             if *admin {
+                // Admin access shares the device, with one exception: a VFIO device whose
+                // GPU another claim holds as a full GPU, which binding would take away.
+                if let (PreparedKind::Vfio(binding), false) =
+                    (kind, self.by_key.contains_key(device))
+                    && let Some(owner) = self.by_key.get(&pci_key(&binding.bus_id))
+                    && owner.uid != claim.uid
+                {
+                    return Err(DriverError::Device {
+                        device: device.clone(),
+                        reason: format!(
+                            "its GPU {} is prepared as a full GPU for claim {}/{} ({}); admin \
+                             access cannot pass it through",
+                            binding.bus_id, owner.namespace, owner.name, owner.uid
+                        ),
+                    });
+                }
                 continue;
             }
             for key in reservation_keys(device, kind) {
@@ -692,18 +713,33 @@ fn unprepare_blocking(
         }
         Some(Ok(state)) => state,
         Some(Err(error)) => {
-            return Err(DriverError::other(format!(
-                "the checkpointed driver state of this claim is unreadable ({error}); \
-                 nothing was undone"
-            )));
+            // Failing would block the pod's termination forever, and guessing what to undo
+            // could take a GPU from another claim: report it, undo nothing, release the claim.
+            tracing::error!(
+                claim = %claim,
+                %error,
+                "the checkpointed driver state of this claim is unreadable; nothing was undone \
+                 (a GPU it passed through may still be bound to its VFIO driver)"
+            );
+            inner.reservations().release(&claim.uid);
+            return Ok(());
         }
     };
     let binder = inner.binder();
     let mut failures = Vec::new();
     for device in state.devices.iter().rev() {
-        if let PreparedKind::Vfio(binding) = &device.kind
-            && let Err(error) = binder.restore(binding)
+        let PreparedKind::Vfio(binding) = &device.kind else {
+            continue;
+        };
+        // Another claim holds the GPU now (an admin-access allocation ending while a VM
+        // uses it): leave the binding to that claim.
+        if let Some(owner) = inner.reservations().by_key.get(&pci_key(&binding.bus_id))
+            && owner.uid != claim.uid
         {
+            tracing::info!(bus_id = %binding.bus_id, holder = %owner.uid, "GPU held by another claim; leaving its VFIO binding");
+            continue;
+        }
+        if let Err(error) = binder.restore(binding) {
             failures.push(format!("{}: {error}", device.device));
         }
     }

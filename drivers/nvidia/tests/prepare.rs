@@ -893,3 +893,110 @@ async fn every_published_device_of_every_shipped_profile_prepares_on_its_fake_ho
         plugin.shutdown().await.unwrap();
     }
 }
+
+/// Class configs come before claim configs; whether a config names the request is read back
+/// from the claim for both.
+#[tokio::test]
+async fn class_configs_are_matched_like_claim_configs() {
+    let r = start("dgx-a100", "").await;
+    let parent = &r.f.inventory.gpus[2];
+    let mig = &parent.mig_devices[0];
+    let name = format!(
+        "gpu-{}-mig-{}-{}-{}",
+        parent.info.minor,
+        dra_driver_nvidia::driver::DeviceName::mig_profile_part(&mig.profile),
+        mig.profile_id,
+        mig.placement.start
+    );
+    let mig_config =
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"});
+    // A MigDeviceConfig from the class naming the request, and a claim GpuConfig for all
+    // requests: the GpuConfig does not apply to the MIG device, the class config does.
+    let fine = r
+        .claim(
+            AllocatedClaim::new("default", "class-ok")
+                .device("mig", DRIVER_NAME, NODE_NAME, &name)
+                .class_config(&["mig"], DRIVER_NAME, mig_config.clone())
+                .claim_config(&[], DRIVER_NAME, gpu_config()),
+        )
+        .await;
+    // A class GpuConfig naming the MIG request is an error, even below a claim config for
+    // all requests of the same wrong kind.
+    let wrong = r
+        .claim(
+            AllocatedClaim::new("default", "class-wrong")
+                .device("mig", DRIVER_NAME, NODE_NAME, &name)
+                .class_config(&["mig"], DRIVER_NAME, gpu_config())
+                .claim_config(&[], DRIVER_NAME, gpu_config()),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(&[fine.clone(), wrong.clone()])
+        .await
+        .unwrap();
+    assert!(result[&fine.uid].is_ok(), "{:?}", result[&fine.uid]);
+    let error = result[&wrong.uid].clone().unwrap_err();
+    assert!(
+        error.contains(&format!(
+            "GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{name}\""
+        )),
+        "{error}"
+    );
+    r.shutdown().await;
+}
+
+/// Admin access shares a device, but never passes through a GPU another claim uses whole.
+#[tokio::test]
+async fn admin_access_does_not_take_a_gpu_away_for_passthrough() {
+    let r = start("mixed", "PassthroughSupport=true").await;
+    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    let mut gpus: Vec<_> = r.f.inventory.gpus.iter().map(|g| g.info.clone()).collect();
+    gpus.sort_by(|a, b| a.pci.bus_id.cmp(&b.pci.bus_id));
+    let first = &gpus[0];
+    let holder = r
+        .claim(AllocatedClaim::new("default", "holder").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            &format!("gpu-{}", first.minor),
+        ))
+        .await;
+    assert!(
+        r.kubelet
+            .prepare(std::slice::from_ref(&holder))
+            .await
+            .unwrap()[&holder.uid]
+            .is_ok()
+    );
+    let admin = r
+        .claim(
+            AllocatedClaim::new("default", "admin").result(DeviceRequestAllocationResult {
+                request: "vm".into(),
+                driver: DRIVER_NAME.into(),
+                pool: NODE_NAME.into(),
+                device: "gpu-vfio-0".into(),
+                admin_access: Some(true),
+                ..Default::default()
+            }),
+        )
+        .await;
+    let result = r
+        .kubelet
+        .prepare(std::slice::from_ref(&admin))
+        .await
+        .unwrap();
+    assert_eq!(
+        result[&admin.uid].clone().unwrap_err(),
+        format!(
+            "device gpu-vfio-0: its GPU {} is prepared as a full GPU for claim default/holder \
+             ({}); admin access cannot pass it through",
+            first.pci.bus_id, holder.uid
+        )
+    );
+    assert_eq!(
+        r.f.bound_driver(&first.pci.bus_id).as_deref(),
+        Some("nvidia")
+    );
+    r.shutdown().await;
+}
