@@ -1,0 +1,210 @@
+//! `gpu-kubelet-plugin` on a mock machine against the SDK's test cluster: what it publishes
+//! reaches the API server as valid ResourceSlices, the DeviceClasses select by type, claims
+//! written as in the public guides (CEL on productName, on the memory capacity, on the MIG
+//! profile) allocate the expected devices, and a GPU and its VFIO twin are never allocated
+//! together.
+
+use clap::Parser;
+use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams, PostParams};
+
+struct Fixture {
+    cluster: TestCluster,
+    _plugin: dra_sdk::plugin::KubeletPlugin,
+    _nvidia: NvidiaPlugin,
+}
+
+async fn start(profile: &str, gates: &str) -> Fixture {
+    let cli = Cli::try_parse_from([
+        "gpu-kubelet-plugin",
+        "--node-name",
+        NODE_NAME,
+        "--mock-profile",
+        profile,
+        "--feature-gates",
+        gates,
+    ])
+    .unwrap();
+    let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    let cluster = TestCluster::start().await.unwrap();
+    let classes: Api<DeviceClass> = Api::all(cluster.client());
+    for class in device_classes() {
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+    let plugin = cluster
+        .plugin(nvidia.driver.clone(), DRIVER_NAME)
+        .resources(nvidia.resources(NODE_NAME))
+        .start()
+        .await
+        .unwrap();
+    let publisher = plugin.publisher().unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), publisher.synced())
+        .await
+        .unwrap();
+    Fixture {
+        cluster,
+        _plugin: plugin,
+        _nvidia: nvidia,
+    }
+}
+
+impl Fixture {
+    async fn published(&self) -> Vec<String> {
+        let slices: Api<ResourceSlice> = Api::all(self.cluster.client());
+        let mut names: Vec<String> = slices
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .flat_map(|slice| slice.spec.devices.unwrap_or_default())
+            .map(|device| device.name)
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Creates and allocates a claim of one request; the allocated device names, or the
+    /// allocator's error.
+    async fn allocate(
+        &self,
+        name: &str,
+        class: &str,
+        selector: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        let mut claim = NewClaim::new("default", name).request("req", class);
+        if let Some(selector) = selector {
+            claim = claim.selector(selector);
+        }
+        self.cluster.create_claim(claim).await.unwrap();
+        self.cluster
+            .allocate("default", name)
+            .await
+            .map_err(|error| error.to_string())?;
+        let claims: Api<ResourceClaim> = Api::namespaced(self.cluster.client(), "default");
+        let claim = claims.get(name).await.unwrap();
+        Ok(claim
+            .status
+            .and_then(|status| status.allocation)
+            .and_then(|allocation| allocation.devices)
+            .map(|devices| {
+                devices
+                    .results
+                    .into_iter()
+                    .flatten()
+                    .map(|result| result.device)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+}
+
+#[tokio::test]
+async fn dgx_a100_publishes_every_device() {
+    let fixture = start("dgx-a100", "PassthroughSupport=true").await;
+    let names = fixture.published().await;
+    assert_eq!(names.len(), 5 + 14 + 5, "{names:?}");
+    assert!(names.contains(&"gpu-0-mig-1g10gb-19-6".to_owned()));
+    assert!(names.contains(&"gpu-vfio-7".to_owned()));
+}
+
+#[tokio::test]
+async fn claims_from_the_guides_allocate_what_they_ask_for() {
+    let fixture = start("dgx-a100", "").await;
+    let domain = "device.attributes['gpu.nvidia.com']";
+    assert_eq!(
+        fixture
+            .allocate(
+                "by-product",
+                "gpu.nvidia.com",
+                Some(&format!("{domain}.productName == 'NVIDIA A100-SXM4-80GB'"))
+            )
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let mig = fixture
+        .allocate(
+            "one-slice",
+            "mig.nvidia.com",
+            Some(&format!("{domain}.profile == '1g.10gb'")),
+        )
+        .await
+        .unwrap();
+    assert!(mig[0].contains("-mig-1g10gb-19-"), "{mig:?}");
+    let whole = fixture
+        .allocate(
+            "forty-gig-gpu",
+            "gpu.nvidia.com",
+            Some("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(whole.len(), 1);
+    // Real "40gb" MIG profiles have 40192 MiB (39.25 GiB): asking for 40Gi finds none, as
+    // on the real hardware; 39Gi finds a 3g.40gb or 4g.40gb.
+    let error = fixture
+        .allocate(
+            "forty-gig-mig",
+            "mig.nvidia.com",
+            Some("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"),
+        )
+        .await
+        .unwrap_err();
+    assert!(error.contains("no device matches"), "{error}");
+    let big = fixture
+        .allocate(
+            "thirty-nine-gig-mig",
+            "mig.nvidia.com",
+            Some("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('39Gi')) >= 0"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        big[0].contains("3g40gb") || big[0].contains("4g40gb"),
+        "{big:?}"
+    );
+    // The MIG class never hands out a full GPU, nor the GPU class a MIG device.
+    let gpu = fixture
+        .allocate("whole", "gpu.nvidia.com", None)
+        .await
+        .unwrap();
+    assert!(!gpu[0].contains("mig"), "{gpu:?}");
+}
+
+#[tokio::test]
+async fn a_gpu_and_its_vfio_twin_are_never_allocated_together() {
+    let fixture = start("workstation", "PassthroughSupport=true").await;
+    let vfio = fixture
+        .allocate("vm", "vfio.gpu.nvidia.com", None)
+        .await
+        .unwrap();
+    assert_eq!(vfio, ["gpu-vfio-0"]);
+    let error = fixture
+        .allocate("container", "gpu.nvidia.com", None)
+        .await
+        .unwrap_err();
+    assert!(!error.is_empty());
+    // The other way round on a fresh machine.
+    let fixture = start("workstation", "PassthroughSupport=true").await;
+    assert_eq!(
+        fixture
+            .allocate("container", "gpu.nvidia.com", None)
+            .await
+            .unwrap(),
+        ["gpu-0"]
+    );
+    assert!(
+        fixture
+            .allocate("vm", "vfio.gpu.nvidia.com", None)
+            .await
+            .is_err()
+    );
+}
