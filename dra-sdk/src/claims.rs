@@ -248,8 +248,41 @@ fn check_claim(claim: &ClaimRef, object: &ResourceClaim) -> Result<(), ClaimErro
     Ok(())
 }
 
-/// Keeps the allocation results of `driver_name` and attaches the decoded configs.
-pub(crate) fn resolve<C: Send + Sync + 'static>(
+/// Resolves an allocated ResourceClaim for one driver: keeps the allocation results of
+/// `driver_name` (base request names, subrequests, shares, capacity, admin access) and decodes
+/// the opaque configs addressed to it with `registry`, class configs first.
+///
+/// This is what the plugin does before it calls [`Driver::prepare`](crate::driver::Driver::prepare);
+/// it is pure (no API calls), so a driver's tests can turn a ResourceClaim fixture into the
+/// exact [`Claim`] its `prepare` will see. `claim` is the kubelet's identity of the claim; the
+/// UID is not checked against the object here (the plugin does that when it reads the claim).
+///
+/// ```
+/// use std::sync::Arc;
+/// use dra_sdk::claims::resolve;
+/// use dra_sdk::config::ConfigRegistry;
+/// use dra_sdk::driver::ClaimRef;
+/// use k8s_openapi::api::resource::v1::ResourceClaim;
+///
+/// let object: ResourceClaim = serde_json::from_value(serde_json::json!({
+///     "metadata": { "namespace": "default", "name": "c", "uid": "uid-1" },
+///     "spec": {},
+///     "status": { "allocation": { "devices": { "results": [
+///         { "request": "gpu", "driver": "gpu.example.com", "pool": "node-a", "device": "gpu-0" },
+///         { "request": "nic", "driver": "net.example.com", "pool": "node-a", "device": "eth1" },
+///     ] } } },
+/// }))?;
+/// let claim = resolve::<()>(
+///     ClaimRef::new("default", "c", "uid-1"),
+///     Arc::new(object),
+///     "gpu.example.com",
+///     &ConfigRegistry::new(),
+/// )?;
+/// assert_eq!(claim.devices.len(), 1);
+/// assert_eq!(claim.devices[0].device, "gpu-0");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn resolve<C: Send + Sync + 'static>(
     claim: ClaimRef,
     object: Arc<ResourceClaim>,
     driver_name: &str,

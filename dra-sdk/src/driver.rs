@@ -12,9 +12,13 @@ use async_trait::async_trait;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::cdi::ContainerEdits;
 use crate::checkpoint::ClaimRecord;
 use crate::config::ConfigRegistry;
+use crate::context::{DriverContext, RecordedClaim};
 use crate::health::HealthSource;
 
 /// A DRA driver: prepares and unprepares the devices of allocated claims on one node.
@@ -87,10 +91,45 @@ pub trait Driver: Send + Sync + 'static {
         self.unprepare(claim, record).await
     }
 
-    /// The driver's device health, if it monitors health.
+    /// Called once when the plugin starts, before it registers with the kubelet, with the
+    /// runtime context the driver keeps for its whole life: publish changed devices, report
+    /// device health and taints, stop background work on shutdown, read and update the
+    /// prepared claims. Keep a clone of `ctx` (it is cheap to clone).
     ///
-    /// When `Some`, the plugin serves and advertises the kubelet's `DRAResourceHealth` stream;
-    /// when `None`, that service is neither advertised nor served.
+    /// Runs after the rollback of interrupted prepares and before
+    /// [`reconcile`](Self::reconcile). Resources published here are the first the plugin
+    /// writes. An error stops the plugin from starting. The default does nothing.
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Called once at start, after [`start`](Self::start) and before the plugin registers, with
+    /// every claim the checkpoint records as prepared on this node (interrupted prepares were
+    /// rolled back already): the moment to destroy what no claim owns (MIG instances, VFIO
+    /// bindings, sharing daemons left by a crash) and to restart what a claim needs.
+    ///
+    /// An error is logged and reported as [`PluginEvent::ReconcileFailed`]; the plugin goes on
+    /// unless the error is [`ReconcileError::fatal`]. The default does nothing.
+    async fn reconcile(&self, prepared: &[RecordedClaim]) -> Result<(), ReconcileError> {
+        let _ = prepared;
+        Ok(())
+    }
+
+    /// Whether the driver reports device health through
+    /// [`DriverContext::set_device_state`]. When `true`, the plugin advertises the kubelet's
+    /// `DRAResourceHealth` stream and serves the context's device states on it. Default `false`.
+    fn reports_health(&self) -> bool {
+        false
+    }
+
+    /// The driver's device health from its own [`HealthReporter`](crate::health::HealthReporter),
+    /// if it monitors health that way.
+    ///
+    /// When `Some`, the plugin serves and advertises the kubelet's `DRAResourceHealth` stream
+    /// from this source (and [`DriverContext::set_device_state`] then only taints devices);
+    /// when `None` and [`reports_health`](Self::reports_health) is `false`, the service is not
+    /// advertised.
     fn health(&self) -> Option<HealthSource> {
         None
     }
@@ -125,6 +164,18 @@ impl<D: Driver> Driver for Arc<D> {
         (**self).rollback(claim, record).await
     }
 
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        (**self).start(ctx).await
+    }
+
+    async fn reconcile(&self, prepared: &[RecordedClaim]) -> Result<(), ReconcileError> {
+        (**self).reconcile(prepared).await
+    }
+
+    fn reports_health(&self) -> bool {
+        (**self).reports_health()
+    }
+
     fn health(&self) -> Option<HealthSource> {
         (**self).health()
     }
@@ -151,7 +202,35 @@ impl fmt::Display for ClaimRef {
     }
 }
 
+impl ClaimRef {
+    /// A claim identity.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
 /// An allocated claim, reduced to what concerns this driver.
+///
+/// The plugin builds it from the ResourceClaim with [`claims::resolve`](crate::claims::resolve);
+/// a driver's unit tests build one directly:
+///
+/// ```
+/// use dra_sdk::driver::{AllocatedDevice, Claim, ClaimRef};
+///
+/// let claim: Claim<()> = Claim::new(ClaimRef::new("default", "gpu-claim", "uid-1"))
+///     .with_device(AllocatedDevice::new("gpu", "node-a", "gpu-0"))
+///     .with_device(AllocatedDevice::new("gpu", "node-a", "gpu-1").with_admin_access(true));
+/// assert_eq!(claim.devices.len(), 2);
+/// assert_eq!(claim.resource_claim.metadata.uid.as_deref(), Some("uid-1"));
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Claim<C> {
@@ -161,6 +240,35 @@ pub struct Claim<C> {
     pub devices: Vec<AllocatedDevice<C>>,
     /// The full ResourceClaim as read from the API server, for anything not resolved above.
     pub resource_claim: Arc<ResourceClaim>,
+}
+
+impl<C> Claim<C> {
+    /// A claim without devices whose ResourceClaim has only its namespace, name and UID set;
+    /// add devices with [`with_device`](Self::with_device) and the full object with
+    /// [`with_resource_claim`](Self::with_resource_claim).
+    pub fn new(claim: ClaimRef) -> Self {
+        let mut object = ResourceClaim::default();
+        object.metadata.namespace = Some(claim.namespace.clone());
+        object.metadata.name = Some(claim.name.clone());
+        object.metadata.uid = Some(claim.uid.clone());
+        Self {
+            claim,
+            devices: Vec::new(),
+            resource_claim: Arc::new(object),
+        }
+    }
+
+    /// Adds an allocated device, after those already there.
+    pub fn with_device(mut self, device: AllocatedDevice<C>) -> Self {
+        self.devices.push(device);
+        self
+    }
+
+    /// Replaces the ResourceClaim object handed to the driver.
+    pub fn with_resource_claim(mut self, object: Arc<ResourceClaim>) -> Self {
+        self.resource_claim = object;
+        self
+    }
 }
 
 /// One allocated device of a claim, with the configs that apply to it.
@@ -188,6 +296,63 @@ pub struct AllocatedDevice<C> {
 }
 
 impl<C> AllocatedDevice<C> {
+    /// A device allocated for `request` (the base request name), without share, capacity,
+    /// admin access or configs.
+    pub fn new(
+        request: impl Into<String>,
+        pool: impl Into<String>,
+        device: impl Into<String>,
+    ) -> Self {
+        Self {
+            request: request.into(),
+            subrequest: None,
+            pool: pool.into(),
+            device: device.into(),
+            share_id: None,
+            consumed_capacity: BTreeMap::new(),
+            admin_access: false,
+            configs: Vec::new(),
+        }
+    }
+
+    /// Sets the `firstAvailable` subrequest that was satisfied.
+    pub fn with_subrequest(mut self, subrequest: impl Into<String>) -> Self {
+        self.subrequest = Some(subrequest.into());
+        self
+    }
+
+    /// Sets the share ID of a device that allows multiple allocations.
+    pub fn with_share_id(mut self, share_id: impl Into<String>) -> Self {
+        self.share_id = Some(share_id.into());
+        self
+    }
+
+    /// Adds consumed capacity, e.g. `("memory", "10Gi")`.
+    pub fn with_consumed_capacity(
+        mut self,
+        name: impl Into<String>,
+        quantity: impl Into<String>,
+    ) -> Self {
+        self.consumed_capacity
+            .insert(name.into(), Quantity(quantity.into()));
+        self
+    }
+
+    /// Sets admin access.
+    pub fn with_admin_access(mut self, admin_access: bool) -> Self {
+        self.admin_access = admin_access;
+        self
+    }
+
+    /// Adds a config with a higher precedence than those already there.
+    pub fn with_config(mut self, source: ConfigSource, config: C) -> Self {
+        self.configs.push(AppliedConfig {
+            source,
+            config: Arc::new(config),
+        });
+        self
+    }
+
     /// The config with the highest precedence, if any applies.
     pub fn config(&self) -> Option<&C> {
         self.configs.last().map(|applied| applied.config.as_ref())
@@ -258,6 +423,135 @@ impl PreparedClaim {
         self.driver_state = Some(state);
         self
     }
+
+    /// Sets the state handed back on unprepare from a typed value; read it back with
+    /// [`ClaimRecord::decode_driver_state`] or [`RecordedClaim::decode_state`].
+    ///
+    /// ```
+    /// use dra_sdk::driver::PreparedClaim;
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct MpsState { daemon: String }
+    ///
+    /// let prepared = PreparedClaim::new(Vec::new())
+    ///     .with_typed_state(&MpsState { daemon: "mps-1".into() })?;
+    /// assert_eq!(prepared.driver_state.unwrap()["daemon"], "mps-1");
+    /// # Ok::<(), dra_sdk::driver::DriverStateError>(())
+    /// ```
+    pub fn with_typed_state<T: Serialize>(mut self, state: &T) -> Result<Self, DriverStateError> {
+        self.driver_state = Some(encode_state(state)?);
+        Ok(self)
+    }
+}
+
+/// Encodes a typed driver state as JSON.
+pub(crate) fn encode_state<T: Serialize>(state: &T) -> Result<serde_json::Value, DriverStateError> {
+    serde_json::to_value(state).map_err(|source| DriverStateError::Encode {
+        type_name: std::any::type_name::<T>(),
+        source,
+    })
+}
+
+/// Decodes a claim's JSON driver state into `T`; `None` when the claim has none.
+pub(crate) fn decode_state<T: DeserializeOwned>(
+    claim: impl fmt::Display,
+    state: Option<&serde_json::Value>,
+) -> Result<Option<T>, DriverStateError> {
+    let Some(state) = state else {
+        return Ok(None);
+    };
+    serde_path_to_error::deserialize(state)
+        .map(Some)
+        .map_err(|error| {
+            let path = error.path().to_string();
+            DriverStateError::Decode {
+                claim: claim.to_string(),
+                type_name: std::any::type_name::<T>(),
+                path,
+                source: error.into_inner(),
+            }
+        })
+}
+
+/// A typed driver state that could not be encoded or decoded: the driver's state type changed
+/// incompatibly between versions, or a state was written by hand.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DriverStateError {
+    /// The state could not be encoded as JSON.
+    #[error("encoding the driver state as {type_name}: {source}")]
+    Encode {
+        /// The Rust type.
+        type_name: &'static str,
+        /// The serializer error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The stored state does not decode into the driver's type.
+    #[error("decoding the driver state of claim {claim} as {type_name} at `{path}`: {source}")]
+    Decode {
+        /// The claim: `namespace/name (uid)`, or `namespace/name` from a bare checkpoint record.
+        claim: String,
+        /// The Rust type.
+        type_name: &'static str,
+        /// Where in the state the mismatch is (`.` for the whole value).
+        path: String,
+        /// The deserializer error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl From<DriverStateError> for DriverError {
+    fn from(error: DriverStateError) -> Self {
+        DriverError::other(error)
+    }
+}
+
+/// Why [`Driver::reconcile`] failed, and whether the plugin may start anyway.
+///
+/// Converting a [`DriverError`] with `?` gives a non-fatal error: it is logged and reported as
+/// [`PluginEvent::ReconcileFailed`], and the plugin starts.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct ReconcileError {
+    #[source]
+    source: DriverError,
+    fatal: bool,
+}
+
+impl ReconcileError {
+    /// A failure the plugin reports and starts anyway (leftovers stay until the next start).
+    pub fn recoverable(source: impl Into<DriverError>) -> Self {
+        Self {
+            source: source.into(),
+            fatal: false,
+        }
+    }
+
+    /// A failure that must stop the plugin from starting: serving claims would be unsafe.
+    pub fn fatal(source: impl Into<DriverError>) -> Self {
+        Self {
+            source: source.into(),
+            fatal: true,
+        }
+    }
+
+    /// Whether the plugin must not start.
+    pub fn is_fatal(&self) -> bool {
+        self.fatal
+    }
+
+    /// The driver's error.
+    pub fn into_source(self) -> DriverError {
+        self.source
+    }
+}
+
+impl From<DriverError> for ReconcileError {
+    fn from(source: DriverError) -> Self {
+        Self::recoverable(source)
+    }
 }
 
 /// One prepared device and the container edits that expose it.
@@ -274,6 +568,10 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
     /// What a container using this device gets. Empty edits produce no CDI device.
     pub edits: ContainerEdits,
+    /// Fully qualified CDI device IDs (`vendor/class=name`) of specs the SDK did not write
+    /// (managed by the driver or another component), handed to the kubelet after the ID of the
+    /// SDK's own spec, if any. The SDK never writes or removes these specs.
+    pub cdi_device_ids: Vec<String>,
 }
 
 impl PreparedDevice {
@@ -285,7 +583,16 @@ impl PreparedDevice {
             device: allocated.device.clone(),
             share_id: allocated.share_id.clone(),
             edits,
+            cdi_device_ids: Vec::new(),
         }
+    }
+
+    /// Adds the ID of a CDI device from a spec the SDK does not manage, e.g.
+    /// `nvidia.com/gpu=GPU-8f3c…` from a spec the vendor's toolkit generated. The plugin checks
+    /// that it is a valid qualified name.
+    pub fn with_cdi_device_id(mut self, id: impl Into<String>) -> Self {
+        self.cdi_device_ids.push(id.into());
+        self
     }
 }
 
@@ -353,6 +660,11 @@ pub enum PluginEvent {
     RollbackFailed {
         /// The claim.
         claim: ClaimRef,
+        /// The driver's error message.
+        error: String,
+    },
+    /// [`Driver::reconcile`] failed with a recoverable error; the plugin started anyway.
+    ReconcileFailed {
         /// The driver's error message.
         error: String,
     },

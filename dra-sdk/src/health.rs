@@ -13,10 +13,88 @@
 //! reporter.set(vec![DeviceHealth::new("node-a", "gpu-0", HealthStatus::Healthy)]);
 //! assert_eq!(source.current()[0].status, HealthStatus::Healthy);
 //! ```
+//!
+//! A driver that also wants unhealthy devices tainted in its ResourceSlices uses
+//! [`DeviceState`] with [`DriverContext::set_device_state`](crate::context::DriverContext::set_device_state)
+//! instead: one call updates the health stream and the taints.
 
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::slices::DeviceTaint;
+
+/// Everything the driver knows about one device's condition: its health for the kubelet's
+/// health stream, and the taints the device carries in the published ResourceSlices while it
+/// is in this state.
+///
+/// Set with [`DriverContext::set_device_state`](crate::context::DriverContext::set_device_state).
+/// Taints are driver-chosen (key, value, effect); a later state without taints, typically
+/// [`DeviceState::healthy`], removes them.
+///
+/// ```
+/// use dra_sdk::health::{DeviceState, HealthStatus};
+/// use dra_sdk::slices::{DeviceTaint, TaintEffect};
+///
+/// let failed = DeviceState::unhealthy("node-a", "gpu-3", "XID 79: GPU has fallen off the bus")
+///     .with_taint(DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoExecute).value("79"));
+/// assert_eq!(failed.health.status, HealthStatus::Unhealthy);
+/// assert_eq!(failed.taints.len(), 1);
+///
+/// let recovered = DeviceState::healthy("node-a", "gpu-3");
+/// assert!(recovered.taints.is_empty());
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct DeviceState {
+    /// Health as the kubelet's health stream reports it (pool and device identify the device).
+    pub health: DeviceHealth,
+    /// Taints added to the device's published entry while it is in this state, on top of the
+    /// taints the driver publishes with the device itself.
+    pub taints: Vec<DeviceTaint>,
+}
+
+impl DeviceState {
+    /// A state with this health and no taints.
+    pub fn new(health: DeviceHealth) -> Self {
+        Self {
+            health,
+            taints: Vec::new(),
+        }
+    }
+
+    /// A healthy device: no taints.
+    pub fn healthy(pool: impl Into<String>, device: impl Into<String>) -> Self {
+        Self::new(DeviceHealth::new(pool, device, HealthStatus::Healthy))
+    }
+
+    /// An unhealthy device, with a message for the pod's status. Add the taint it should carry
+    /// with [`with_taint`](Self::with_taint).
+    pub fn unhealthy(
+        pool: impl Into<String>,
+        device: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::new(DeviceHealth::new(pool, device, HealthStatus::Unhealthy).with_message(message))
+    }
+
+    /// A device whose health is not known.
+    pub fn unknown(pool: impl Into<String>, device: impl Into<String>) -> Self {
+        Self::new(DeviceHealth::new(pool, device, HealthStatus::Unknown))
+    }
+
+    /// Adds a taint the device carries in its ResourceSlice while in this state.
+    pub fn with_taint(mut self, taint: DeviceTaint) -> Self {
+        self.taints.push(taint);
+        self
+    }
+
+    /// Sets how long the kubelet may go without news before it considers the health unknown.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.health.timeout = Some(timeout);
+        self
+    }
+}
 
 /// Health of one device.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -44,6 +44,8 @@
 //!
 //! Modules, one concept each:
 //! - [`driver`]: the trait and the types a driver sees;
+//! - [`context`]: the runtime handle a driver keeps: publish devices, report health and
+//!   taints, stop on shutdown, read and update prepared claims;
 //! - [`plugin`]: sockets, registration, the DRA gRPC services, the run loop;
 //! - [`config`]: opaque claim configuration, decoded strictly into the driver's types;
 //! - [`checkpoint`]: durable record of prepared claims;
@@ -63,6 +65,7 @@ pub mod claims;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
+pub mod context;
 pub mod driver;
 pub mod health;
 pub mod metadata;

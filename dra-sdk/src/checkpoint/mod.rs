@@ -544,6 +544,46 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Replaces the driver state of a completed claim, atomically under the file lock, so that
+    /// an unprepare by this or another instance either sees the new state or removes the claim
+    /// first. Returns `false`, writing nothing, when the claim is not recorded as completed.
+    pub fn set_driver_state(
+        &self,
+        claim_uid: &str,
+        driver_state: Option<serde_json::Value>,
+    ) -> Result<bool, CheckpointError> {
+        let mut inner = self.lock_inner();
+        let _file_lock = self.lock_file()?;
+        let mut needs_write = false;
+        if !inner.seen.matches(self.identity_on_disk()?) {
+            needs_write = self.sync_from_disk(&mut inner)?.1;
+        }
+        let record = inner
+            .contents
+            .claims
+            .get(claim_uid)
+            .and_then(StoredClaim::known)
+            .filter(|record| record.is_completed())
+            .cloned();
+        let Some(mut record) = record else {
+            if needs_write {
+                self.write_locked(&mut inner)?;
+            }
+            return Ok(false);
+        };
+        record.driver_state = driver_state;
+        let change = StagedChange::stage(ClaimChange::put(claim_uid, record))?;
+        let undo = Undo::apply(&mut inner.contents.claims, vec![change]);
+        if undo.is_empty() && !needs_write {
+            return Ok(true);
+        }
+        if let Err(err) = self.write_locked(&mut inner) {
+            undo.revert(&mut inner.contents.claims);
+            return Err(err);
+        }
+        Ok(true)
+    }
+
     fn lock_inner(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|poisoned| {
             // A panic in another thread may have left memory ahead of the file: re-read.

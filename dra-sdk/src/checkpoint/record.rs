@@ -128,6 +128,29 @@ impl ClaimRecord {
     pub fn is_completed(&self) -> bool {
         self.state == ClaimState::PrepareCompleted
     }
+
+    /// The driver state decoded into the driver's type; `None` when the record has none.
+    ///
+    /// ```
+    /// use dra_sdk::checkpoint::ClaimRecord;
+    ///
+    /// #[derive(Debug, serde::Deserialize)]
+    /// struct MpsState { daemon: String }
+    ///
+    /// let record = ClaimRecord::started("default", "gpu-claim")
+    ///     .with_driver_state(serde_json::json!({ "daemon": 7 }));
+    /// let error = record.decode_driver_state::<MpsState>().unwrap_err();
+    /// assert!(error.to_string().contains("default/gpu-claim"), "{error}");
+    /// assert!(error.to_string().contains("`daemon`"), "{error}");
+    /// ```
+    pub fn decode_driver_state<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> Result<Option<T>, crate::driver::DriverStateError> {
+        crate::driver::decode_state(
+            format_args!("{}/{}", self.namespace, self.name),
+            self.driver_state.as_ref(),
+        )
+    }
 }
 
 /// One prepared device of a claim, as returned to the kubelet.

@@ -142,6 +142,9 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
         };
         let mut updates = source.subscribe();
         let resend = self.resend_interval;
+        // The stream ends with the plugin: the server's graceful shutdown waits for open
+        // streams, and a driver's source never ends on its own.
+        let shutdown = self.shutdown.clone();
         let stream = async_stream(move |sender| async move {
             let mut ticker = tokio::time::interval(resend);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -152,12 +155,16 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
                 }
                 ticker.reset();
                 tokio::select! {
+                    () = shutdown.cancelled() => return,
                     changed = updates.changed() => {
                         if changed.is_err() {
                             // The driver dropped its reporter: nothing will change any more,
                             // but keep re-sending the last state so it does not go stale.
                             loop {
-                                ticker.tick().await;
+                                tokio::select! {
+                                    () = shutdown.cancelled() => return,
+                                    _ = ticker.tick() => {}
+                                }
                                 let devices = updates.borrow().clone();
                                 if sender.send(Ok(health_response(&devices))).await.is_err() {
                                     return;

@@ -5,6 +5,8 @@
 //! expects:
 //!
 //! 1. open the checkpoint, roll back prepares interrupted by a crash, remove orphaned CDI specs;
+//!    then hand the driver its [`DriverContext`] ([`Driver::start`]) and the prepared claims
+//!    ([`Driver::reconcile`]);
 //! 2. serve the DRA service (v1, v1beta1, and the health stream) on
 //!    `<plugins dir>/<driver>/dra.sock`;
 //! 3. only then create the registration socket in the kubelet's registry directory;
@@ -18,7 +20,7 @@
 pub mod authority;
 mod client;
 mod dra;
-mod locks;
+pub(crate) mod locks;
 mod node;
 pub mod registration;
 pub mod socket;
@@ -28,14 +30,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::cdi::{Kind, SpecWriter};
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::claims::{ClaimReader, ReadPolicy};
-use crate::driver::{Driver, PluginEvent};
+use crate::context::{DriverContext, RecordedClaim};
+use crate::driver::{Driver, DriverError, PluginEvent};
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
 
@@ -72,6 +77,15 @@ pub enum PluginError {
         #[source]
         source: std::io::Error,
     },
+    /// The driver's [`Driver::start`] failed, or its [`Driver::reconcile`] failed fatally.
+    #[error("driver {hook} failed: {source}")]
+    Driver {
+        /// `start` or `reconcile`.
+        hook: &'static str,
+        /// The driver's error.
+        #[source]
+        source: DriverError,
+    },
     /// A gRPC server failed.
     #[error("gRPC server on {socket}: {source}")]
     Server {
@@ -99,6 +113,14 @@ pub struct KubeletPlugin {
     services_shutdown: CancellationToken,
     registration_task: Option<tokio::task::JoinHandle<Result<(), PluginError>>>,
     tasks: JoinSet<Result<(), PluginError>>,
+    context: DriverContext,
+}
+
+impl Drop for KubeletPlugin {
+    fn drop(&mut self) {
+        // A plugin dropped without `shutdown` stops too: let the driver's background work know.
+        self.context.cancel();
+    }
 }
 
 impl std::fmt::Debug for KubeletPlugin {
@@ -178,8 +200,16 @@ impl KubeletPlugin {
     }
 
     /// The ResourceSlice publisher, when the plugin was given resources to publish.
+    ///
+    /// A driver that reports device states through its [`DriverContext`] should publish
+    /// through [`DriverContext::publish`] too: an update here replaces the state taints.
     pub fn publisher(&self) -> Option<&PublisherHandle> {
         self.publisher.as_ref()
+    }
+
+    /// The context the driver received in [`Driver::start`].
+    pub fn context(&self) -> &DriverContext {
+        &self.context
     }
 
     /// Where `/metrics` and `/healthz` are served, if enabled.
@@ -230,6 +260,7 @@ impl KubeletPlugin {
     /// ResourceSlices stay published.
     pub async fn shutdown(mut self) -> Result<(), PluginError> {
         let mut first_error = None;
+        self.context.cancel();
         self.registration_shutdown.cancel();
         if let Some(task) = self.registration_task.take()
             && let Ok(Err(error)) = task.await
@@ -308,7 +339,8 @@ impl<D: Driver> PluginBuilder<D> {
     }
 
     /// Publishes these resources as the node's ResourceSlices; update them later through
-    /// [`KubeletPlugin::publisher`].
+    /// [`DriverContext::publish`]. A driver may instead publish its first resources from
+    /// [`Driver::start`].
     pub fn resources(mut self, resources: DriverResources) -> Self {
         self.resources = Some(resources);
         self
@@ -379,18 +411,38 @@ impl<D: Driver> PluginBuilder<D> {
         }
 
         let (plugin_metrics, registry) = PluginMetrics::new(&driver_name);
-        let health = driver.health();
+        let checkpoint = Arc::new(checkpoint);
+        let locks = ClaimLocks::default();
+        let context = DriverContext::new(
+            driver_name.clone(),
+            self.node_name.clone(),
+            Arc::clone(&checkpoint),
+            locks.clone(),
+            self.resources,
+        );
         let node = Arc::new(NodeService {
             registry: driver.config_registry(),
             driver: Arc::clone(&driver),
             driver_name: driver_name.clone(),
             reader: ClaimReader::new(self.client.clone(), self.read_policy),
-            checkpoint: Arc::new(checkpoint),
+            checkpoint,
             cdi: SpecWriter::new(self.cdi_root.clone(), cdi_kind),
-            locks: ClaimLocks::default(),
+            locks,
             metrics: plugin_metrics,
         });
         node.recover().await?;
+        start_driver(&driver, &context).await?;
+        let health = match driver.health() {
+            Some(source) => {
+                if driver.reports_health() {
+                    tracing::warn!(
+                        "the driver both returns a health source and reports health through its context; serving the health source, the context's device states only taint devices"
+                    );
+                }
+                Some(source)
+            }
+            None => driver.reports_health().then(|| context.health_source()),
+        };
 
         let services_shutdown = CancellationToken::new();
         let registration_shutdown = CancellationToken::new();
@@ -473,7 +525,7 @@ impl<D: Driver> PluginBuilder<D> {
         );
 
         let registry = Arc::new(Mutex::new(registry));
-        let publisher = self.resources.map(|resources| {
+        let publisher = context.initial_resources().map(|resources| {
             let handle = ResourceSlicePublisher::for_node(
                 self.client.clone(),
                 &driver_name,
@@ -485,6 +537,7 @@ impl<D: Driver> PluginBuilder<D> {
             }
             handle
         });
+        context.attach_publisher(publisher.as_ref().map(PublisherHandle::updater));
 
         let probe = socket_probe(paths.clone());
         let http_addr = match self.http_endpoint {
@@ -525,8 +578,61 @@ impl<D: Driver> PluginBuilder<D> {
             services_shutdown,
             registration_task: Some(registration_task),
             tasks,
+            context,
         })
     }
+}
+
+/// Hands the driver its context, then the claims prepared before this start. Runs before the
+/// plugin registers, so no kubelet call overlaps it.
+async fn start_driver<D: Driver>(
+    driver: &Arc<D>,
+    context: &DriverContext,
+) -> Result<(), PluginError> {
+    driver
+        .start(context)
+        .instrument(tracing::info_span!("driver_start"))
+        .await
+        .map_err(|source| PluginError::Driver {
+            hook: "start",
+            source,
+        })?;
+    let prepared: Vec<RecordedClaim> = match context.prepared_claims().await {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            return Err(PluginError::Driver {
+                hook: "reconcile",
+                source: error.into(),
+            });
+        }
+    };
+    let outcome = std::panic::AssertUnwindSafe(driver.reconcile(&prepared))
+        .catch_unwind()
+        .instrument(tracing::info_span!(
+            "driver_reconcile",
+            claims = prepared.len()
+        ))
+        .await;
+    let error = match outcome {
+        Ok(Ok(())) => return Ok(()),
+        Ok(Err(error)) => error,
+        Err(panic) => crate::driver::ReconcileError::fatal(DriverError::other(format!(
+            "the driver panicked: {}",
+            node::panic_message(panic.as_ref())
+        ))),
+    };
+    if error.is_fatal() {
+        tracing::error!(%error, "start-up reconcile failed; the plugin does not start");
+        return Err(PluginError::Driver {
+            hook: "reconcile",
+            source: error.into_source(),
+        });
+    }
+    tracing::warn!(%error, "start-up reconcile failed; starting anyway");
+    driver.on_event(&PluginEvent::ReconcileFailed {
+        error: error.to_string(),
+    });
+    Ok(())
 }
 
 /// `k8s.<driver>/<first DNS label of the driver>`: the convention of the example drivers.

@@ -26,6 +26,7 @@ use crate::checkpoint::{
 };
 use crate::claims::{self, ClaimReader};
 use crate::config::ConfigRegistry;
+use crate::context::CLAIM_IN_PROGRESS;
 use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
 use crate::plugin::locks::ClaimLocks;
@@ -109,7 +110,10 @@ impl<D: Driver> NodeService<D> {
 
         let prepared = join_all(ready.iter().map(|claim| {
             let span = claim_span("prepare", &self.driver_name, &claim.claim);
-            self.prepare_one(claim).instrument(span)
+            CLAIM_IN_PROGRESS.scope(
+                claim.claim.uid.clone(),
+                self.prepare_one(claim).instrument(span),
+            )
         }))
         .await;
 
@@ -197,17 +201,19 @@ impl<D: Driver> NodeService<D> {
                 .map_err(|error| ("cdi", format!("writing the CDI spec: {error}")))?
         };
 
-        // Map CDI names back to devices; devices with empty edits get no CDI ID.
+        // Map CDI names back to devices; devices with empty edits get no CDI ID of the SDK's,
+        // only the driver's own.
         let mut ids = ids.into_iter();
         let mut records: Vec<PreparedDeviceRecord> = Vec::with_capacity(prepared.devices.len());
         for device in &prepared.devices {
-            let cdi_device_ids = if device.edits.is_empty() {
+            let mut cdi_device_ids = if device.edits.is_empty() {
                 Vec::new()
             } else {
                 ids.next()
                     .map(|id| vec![id.to_string()])
                     .unwrap_or_default()
             };
+            cdi_device_ids.extend(device.cdi_device_ids.iter().cloned());
             let existing = records.iter_mut().find(|r| {
                 r.pool == device.pool && r.device == device.device && r.share_id == device.share_id
             });
@@ -245,7 +251,10 @@ impl<D: Driver> NodeService<D> {
 
         let outcomes = join_all(claims.iter().map(|claim| {
             let span = claim_span("unprepare", &self.driver_name, claim);
-            self.unprepare_one(claim).instrument(span)
+            CLAIM_IN_PROGRESS.scope(
+                claim.uid.clone(),
+                self.unprepare_one(claim).instrument(span),
+            )
         }))
         .await;
 
@@ -439,6 +448,14 @@ fn check_prepared<C>(claim: &Claim<C>, prepared: &PreparedClaim) -> Result<(), S
                 device.pool, device.device
             ));
         }
+        for id in &device.cdi_device_ids {
+            if let Err(error) = id.parse::<crate::cdi::QualifiedName>() {
+                return Err(format!(
+                    "driver returned CDI device ID {id:?} for device {}/{}, which is not a qualified CDI name: {error}",
+                    device.pool, device.device
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -517,7 +534,7 @@ async fn guarded<T>(
     }
 }
 
-fn panic_message(payload: &(dyn Any + Send)) -> &str {
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> &str {
     payload
         .downcast_ref::<&str>()
         .copied()

@@ -110,6 +110,7 @@ pub use model::{
     DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, NodeSelector,
     Pool, PoolNodeSelection, Quantity, TaintEffect, Time, ValidRequestValues,
 };
+pub(crate) use publisher::SliceUpdater;
 pub use publisher::{
     Operation, PublishError, PublishEvent, PublishStats, PublisherHandle, ResourceSlicePublisher,
 };

@@ -479,6 +479,14 @@ impl PublisherHandle {
         });
     }
 
+    /// A cloneable sender of updates to this publisher, for the plugin's
+    /// [`DriverContext`](crate::context::DriverContext). It does not keep the publisher alive.
+    pub(crate) fn updater(&self) -> SliceUpdater {
+        SliceUpdater {
+            desired: self.desired.clone(),
+        }
+    }
+
     /// The resources last passed to [`update`](Self::update) (or `spawn`).
     pub fn resources(&self) -> Arc<DriverResources> {
         self.desired.borrow().resources.clone()
@@ -558,6 +566,22 @@ impl PublisherHandle {
 impl Drop for PublisherHandle {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+/// What [`PublisherHandle::update`] does, from a clone that the driver's context can keep.
+#[derive(Clone, Debug)]
+pub(crate) struct SliceUpdater {
+    desired: watch::Sender<Desired>,
+}
+
+impl SliceUpdater {
+    /// Like [`PublisherHandle::update`]; a no-op once the publisher stopped.
+    pub(crate) fn update(&self, resources: DriverResources) {
+        self.desired.send_modify(|desired| {
+            desired.version += 1;
+            desired.resources = Arc::new(resources);
+        });
     }
 }
 

@@ -1,0 +1,605 @@
+//! The runtime a driver lives in: [`DriverContext`], handed to [`Driver::start`].
+//!
+//! A real driver does more than answer prepare calls. Devices appear and change (hot-plug, a
+//! new MIG layout), fail and recover, background monitors must stop with the plugin, and some
+//! per-claim state changes after prepare (a sharing daemon restarted). The context is the one
+//! handle for all of that:
+//!
+//! * [`publish`](DriverContext::publish) replaces the devices in the ResourceSlices;
+//! * [`set_device_state`](DriverContext::set_device_state) reports a device's health to the
+//!   kubelet's health stream *and* taints (or untaints) it in the ResourceSlices, in one call;
+//! * [`cancellation_token`](DriverContext::cancellation_token) is cancelled when the plugin
+//!   shuts down;
+//! * [`prepared_claims`](DriverContext::prepared_claims) reads what the checkpoint records as
+//!   prepared, and [`update_driver_state`](DriverContext::update_driver_state) changes a
+//!   prepared claim's typed driver state there.
+//!
+//! ```no_run
+//! use dra_sdk::context::DriverContext;
+//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
+//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::health::DeviceState;
+//! use dra_sdk::slices::{DeviceTaint, TaintEffect};
+//!
+//! struct Gpus;
+//!
+//! #[async_trait::async_trait]
+//! impl Driver for Gpus {
+//!     type Config = ();
+//!
+//!     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+//!         let ctx = ctx.clone();
+//!         tokio::spawn(async move {
+//!             let token = ctx.cancellation_token();
+//!             let mut ticks = tokio::time::interval(std::time::Duration::from_secs(5));
+//!             loop {
+//!                 tokio::select! {
+//!                     () = token.cancelled() => return,
+//!                     _ = ticks.tick() => {}
+//!                 }
+//!                 // Poll the hardware; here gpu-3 reports an XID error.
+//!                 ctx.set_device_state(
+//!                     DeviceState::unhealthy(ctx.node_name(), "gpu-3", "XID 79")
+//!                         .with_taint(DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoExecute)),
+//!                 );
+//!             }
+//!         });
+//!         Ok(())
+//!     }
+//!
+//!     fn reports_health(&self) -> bool {
+//!         true
+//!     }
+//!
+//!     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+//!         Ok(PreparedClaim::new(Vec::new()))
+//!     }
+//!
+//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!         Ok(())
+//!     }
+//! }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, PreparedDeviceRecord};
+use crate::driver::{ClaimRef, DriverError, DriverStateError};
+use crate::health::{DeviceHealth, DeviceState, HealthReporter, HealthSource};
+use crate::plugin::locks::ClaimLocks;
+use crate::slices::{DriverResources, SliceUpdater};
+
+tokio::task_local! {
+    /// The claim whose prepare or unprepare the current driver call serves: updating that
+    /// claim's state from inside the call would wait for its own lock.
+    pub(crate) static CLAIM_IN_PROGRESS: String;
+}
+
+/// Why a [`DriverContext`] call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContextError {
+    /// The plugin started without a ResourceSlice publisher: no resources were given to the
+    /// builder and none were published from [`Driver::start`](crate::driver::Driver::start).
+    #[error(
+        "this plugin publishes no ResourceSlices: give the builder resources, or publish from Driver::start"
+    )]
+    NotPublishing,
+    /// The claim is not recorded as prepared on this node (never prepared, still preparing, or
+    /// unprepared since).
+    #[error("claim {claim_uid} is not prepared on this node")]
+    ClaimNotPrepared {
+        /// The claim UID.
+        claim_uid: String,
+    },
+    /// Called from the driver's own prepare or unprepare of the same claim, which holds the
+    /// claim's lock: return the state from prepare instead.
+    #[error(
+        "the driver state of claim {claim_uid} cannot be updated from its own prepare or unprepare; return it in PreparedClaim"
+    )]
+    InsideClaimOperation {
+        /// The claim UID.
+        claim_uid: String,
+    },
+    /// The state could not be encoded.
+    #[error(transparent)]
+    State(#[from] DriverStateError),
+    /// The checkpoint could not be read or written.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] CheckpointError),
+}
+
+impl From<ContextError> for DriverError {
+    fn from(error: ContextError) -> Self {
+        DriverError::other(error)
+    }
+}
+
+/// A claim as the checkpoint records it, for the driver: what the kubelet was given, and the
+/// driver's own state.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct RecordedClaim {
+    /// The claim.
+    pub claim: ClaimRef,
+    /// The devices handed to the kubelet.
+    pub devices: Vec<RecordedDevice>,
+    /// The driver state as stored; decode it with [`decode_state`](Self::decode_state).
+    pub driver_state: Option<serde_json::Value>,
+}
+
+impl RecordedClaim {
+    fn from_record(uid: &str, record: &ClaimRecord) -> Self {
+        Self {
+            claim: ClaimRef::new(&record.namespace, &record.name, uid),
+            devices: record.devices.iter().map(RecordedDevice::from).collect(),
+            driver_state: record.driver_state.clone(),
+        }
+    }
+
+    /// The driver state decoded into the driver's type; `None` when the claim has none.
+    pub fn decode_state<T: DeserializeOwned>(&self) -> Result<Option<T>, DriverStateError> {
+        crate::driver::decode_state(&self.claim, self.driver_state.as_ref())
+    }
+}
+
+/// One prepared device of a [`RecordedClaim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordedDevice {
+    /// Base request names this device satisfies.
+    pub request_names: Vec<String>,
+    /// Pool of the device.
+    pub pool: String,
+    /// Name of the device.
+    pub device: String,
+    /// Share ID of a consumable-capacity allocation, if any.
+    pub share_id: Option<String>,
+    /// CDI device IDs handed to the kubelet.
+    pub cdi_device_ids: Vec<String>,
+}
+
+impl From<&PreparedDeviceRecord> for RecordedDevice {
+    fn from(record: &PreparedDeviceRecord) -> Self {
+        Self {
+            request_names: record.request_names.clone(),
+            pool: record.pool.clone(),
+            device: record.device.clone(),
+            share_id: record.share_id.clone(),
+            cdi_device_ids: record.cdi_device_ids.clone(),
+        }
+    }
+}
+
+/// The driver's handle on the running plugin; see the [module documentation](self).
+///
+/// Cheap to clone; every clone is the same context. All methods are safe to call from any
+/// task, at any time after [`Driver::start`](crate::driver::Driver::start) received it.
+#[derive(Clone)]
+pub struct DriverContext {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    driver_name: String,
+    node_name: String,
+    shutdown: CancellationToken,
+    checkpoint: Arc<Checkpoint>,
+    locks: ClaimLocks,
+    health: HealthReporter,
+    health_source: HealthSource,
+    slices: Mutex<Slices>,
+}
+
+/// What the ResourceSlices are made of: the driver's devices and the taints of their states.
+#[derive(Default)]
+struct Slices {
+    /// The driver's resources, without state taints; `None` until something is published.
+    base: Option<DriverResources>,
+    /// Device states by (pool, device), in a stable order for the health stream.
+    states: BTreeMap<(String, String), DeviceState>,
+    /// The running publisher, once the plugin started one.
+    publisher: Option<SliceUpdater>,
+    /// Set when the plugin finished starting without a publisher.
+    publishing_disabled: bool,
+}
+
+impl Slices {
+    /// The driver's resources with the state taints added to their devices.
+    fn merged(&self) -> Option<DriverResources> {
+        let mut resources = self.base.clone()?;
+        for (pool_name, pool) in &mut resources.pools {
+            for device in &mut pool.devices {
+                let Some(state) = self.states.get(&(pool_name.clone(), device.name.clone())) else {
+                    continue;
+                };
+                for taint in &state.taints {
+                    // The driver may publish the same taint itself: one entry per key and effect.
+                    let present = device
+                        .taints
+                        .iter()
+                        .any(|t| t.key == taint.key && t.effect == taint.effect);
+                    if !present {
+                        device.taints.push(taint.clone());
+                    }
+                }
+            }
+        }
+        Some(resources)
+    }
+
+    fn push(&self) {
+        if let (Some(publisher), Some(resources)) = (&self.publisher, self.merged()) {
+            publisher.update(resources);
+        }
+    }
+}
+
+impl fmt::Debug for DriverContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DriverContext")
+            .field("driver_name", &self.inner.driver_name)
+            .field("node_name", &self.inner.node_name)
+            .field("cancelled", &self.inner.shutdown.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl DriverContext {
+    pub(crate) fn new(
+        driver_name: String,
+        node_name: String,
+        checkpoint: Arc<Checkpoint>,
+        locks: ClaimLocks,
+        initial: Option<DriverResources>,
+    ) -> Self {
+        let (health, health_source) = HealthReporter::new();
+        Self {
+            inner: Arc::new(Inner {
+                driver_name,
+                node_name,
+                shutdown: CancellationToken::new(),
+                checkpoint,
+                locks,
+                health,
+                health_source,
+                slices: Mutex::new(Slices {
+                    base: initial,
+                    ..Slices::default()
+                }),
+            }),
+        }
+    }
+
+    fn slices(&self) -> std::sync::MutexGuard<'_, Slices> {
+        // Every critical section leaves `Slices` consistent, so a poisoned lock is usable.
+        self.inner
+            .slices
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The driver name the plugin registered.
+    pub fn driver_name(&self) -> &str {
+        &self.inner.driver_name
+    }
+
+    /// The node the plugin runs on (usually also the name of its pool).
+    pub fn node_name(&self) -> &str {
+        &self.inner.node_name
+    }
+
+    /// Cancelled when the plugin shuts down (or is dropped): stop background work with it.
+    pub fn cancellation_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
+    }
+
+    /// Replaces the devices the plugin publishes (hot-plug, a new partition layout). The taints
+    /// of the current device states are added on top. Non-blocking: the publisher writes the
+    /// latest resources in the background.
+    ///
+    /// Before the plugin starts its publisher (inside [`Driver::start`](crate::driver::Driver::start))
+    /// this sets what it publishes first. Fails with [`ContextError::NotPublishing`] once the
+    /// plugin is running without a publisher.
+    pub fn publish(&self, resources: DriverResources) -> Result<(), ContextError> {
+        let mut slices = self.slices();
+        if slices.publishing_disabled {
+            return Err(ContextError::NotPublishing);
+        }
+        slices.base = Some(resources);
+        slices.push();
+        Ok(())
+    }
+
+    /// The resources last published by the driver, without state taints; `None` before the
+    /// first.
+    pub fn resources(&self) -> Option<DriverResources> {
+        self.slices().base.clone()
+    }
+
+    /// Sets one device's state: its health on the kubelet's health stream (when the driver
+    /// [`reports_health`](crate::driver::Driver::reports_health)) and its state taints in the
+    /// ResourceSlices. Nothing is sent when nothing changed.
+    pub fn set_device_state(&self, state: DeviceState) {
+        let mut slices = self.slices();
+        let key = (state.health.pool.clone(), state.health.device.clone());
+        let previous = slices.states.insert(key, state.clone());
+        if previous.as_ref() == Some(&state) {
+            return;
+        }
+        let taints_changed =
+            previous.map_or(!state.taints.is_empty(), |p| p.taints != state.taints);
+        self.publish_health(&slices);
+        if taints_changed {
+            slices.push();
+        }
+    }
+
+    /// Replaces the state of every device; devices left out are no longer reported (the
+    /// kubelet then considers their health unknown) and lose their state taints.
+    pub fn set_device_states(&self, states: impl IntoIterator<Item = DeviceState>) {
+        let mut slices = self.slices();
+        let states: BTreeMap<_, _> = states
+            .into_iter()
+            .map(|state| {
+                (
+                    (state.health.pool.clone(), state.health.device.clone()),
+                    state,
+                )
+            })
+            .collect();
+        if states == slices.states {
+            return;
+        }
+        let taints_changed = !states
+            .iter()
+            .filter(|(_, s)| !s.taints.is_empty())
+            .eq(slices.states.iter().filter(|(_, s)| !s.taints.is_empty()));
+        slices.states = states;
+        self.publish_health(&slices);
+        if taints_changed {
+            slices.push();
+        }
+    }
+
+    /// Forgets one device's state (the device was removed): it leaves the health stream and
+    /// loses its state taints.
+    pub fn clear_device_state(&self, pool: &str, device: &str) {
+        let mut slices = self.slices();
+        let Some(previous) = slices.states.remove(&(pool.to_owned(), device.to_owned())) else {
+            return;
+        };
+        self.publish_health(&slices);
+        if !previous.taints.is_empty() {
+            slices.push();
+        }
+    }
+
+    /// The current device states.
+    pub fn device_states(&self) -> Vec<DeviceState> {
+        self.slices().states.values().cloned().collect()
+    }
+
+    fn publish_health(&self, slices: &Slices) {
+        let health: Vec<DeviceHealth> = slices
+            .states
+            .values()
+            .map(|state| state.health.clone())
+            .collect();
+        self.inner.health.set(health);
+    }
+
+    /// Every claim the checkpoint records as prepared on this node (prepares in progress are
+    /// not included), including those prepared by another instance of the plugin during a
+    /// rolling update.
+    pub async fn prepared_claims(&self) -> Result<Vec<RecordedClaim>, ContextError> {
+        let records = self.blocking(|checkpoint| checkpoint.records()).await?;
+        Ok(records
+            .iter()
+            .filter(|(_, record)| record.is_completed())
+            .map(|(uid, record)| RecordedClaim::from_record(uid, record))
+            .collect())
+    }
+
+    /// One prepared claim, if the checkpoint records it as prepared.
+    pub async fn prepared_claim(
+        &self,
+        claim_uid: &str,
+    ) -> Result<Option<RecordedClaim>, ContextError> {
+        let uid = claim_uid.to_owned();
+        let record = self
+            .blocking(move |checkpoint| checkpoint.get(&uid))
+            .await?;
+        Ok(record
+            .filter(ClaimRecord::is_completed)
+            .map(|record| RecordedClaim::from_record(claim_uid, &record)))
+    }
+
+    /// Replaces the driver state of a prepared claim in the checkpoint (a daemon restarted with
+    /// a new ID, say); unprepare and later starts see the new state.
+    ///
+    /// Waits for a prepare or unprepare of the same claim in progress, so it never races with
+    /// them; calling it from the driver's own prepare or unprepare of that claim fails with
+    /// [`ContextError::InsideClaimOperation`] instead of waiting forever. Fails with
+    /// [`ContextError::ClaimNotPrepared`] when the claim is not (or no longer) prepared.
+    pub async fn update_driver_state<T: Serialize>(
+        &self,
+        claim_uid: &str,
+        state: &T,
+    ) -> Result<(), ContextError> {
+        let value = crate::driver::encode_state(state)?;
+        let inside = CLAIM_IN_PROGRESS
+            .try_with(|uid| uid == claim_uid)
+            .unwrap_or(false);
+        if inside {
+            return Err(ContextError::InsideClaimOperation {
+                claim_uid: claim_uid.to_owned(),
+            });
+        }
+        let _guard = self.inner.locks.lock(claim_uid).await;
+        let uid = claim_uid.to_owned();
+        let updated = self
+            .blocking(move |checkpoint| checkpoint.set_driver_state(&uid, Some(value)))
+            .await?;
+        if !updated {
+            return Err(ContextError::ClaimNotPrepared {
+                claim_uid: claim_uid.to_owned(),
+            });
+        }
+        tracing::debug!(claim.uid = %claim_uid, "driver state updated");
+        Ok(())
+    }
+
+    /// Runs a checkpoint call off the runtime: it may wait for another instance's file lock.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&Checkpoint) -> Result<T, CheckpointError> + Send + 'static,
+    ) -> Result<T, ContextError> {
+        let checkpoint = Arc::clone(&self.inner.checkpoint);
+        match tokio::task::spawn_blocking(move || call(&checkpoint)).await {
+            Ok(result) => result.map_err(ContextError::from),
+            Err(join_error) => Err(ContextError::Checkpoint(CheckpointError::Read {
+                path: self.inner.checkpoint.path().to_path_buf(),
+                source: std::io::Error::other(format!("checkpoint task failed: {join_error}")),
+            })),
+        }
+    }
+
+    // Plugin side.
+
+    /// The health source the plugin serves when the driver reports health through the context.
+    pub(crate) fn health_source(&self) -> HealthSource {
+        self.inner.health_source.clone()
+    }
+
+    /// What the publisher should start with: the driver's resources with state taints, if any
+    /// were given or published.
+    pub(crate) fn initial_resources(&self) -> Option<DriverResources> {
+        self.slices().merged()
+    }
+
+    /// Connects the running publisher; anything published since
+    /// [`initial_resources`](Self::initial_resources) is sent right away.
+    pub(crate) fn attach_publisher(&self, publisher: Option<SliceUpdater>) {
+        let mut slices = self.slices();
+        match publisher {
+            Some(publisher) => {
+                slices.publisher = Some(publisher);
+                slices.push();
+            }
+            None => slices.publishing_disabled = true,
+        }
+    }
+
+    /// Cancels the driver's token: the plugin is stopping.
+    pub(crate) fn cancel(&self) {
+        self.inner.shutdown.cancel();
+    }
+}
+
+/// The guide's examples, compiled and run as doc tests; its context example needs the test kit.
+#[cfg(all(doctest, feature = "testing"))]
+#[doc = include_str!("../../docs/guide.md")]
+pub struct GuideDoctests;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slices::{Device, DeviceTaint, TaintEffect};
+
+    fn context(dir: &std::path::Path) -> DriverContext {
+        let (checkpoint, _) = Checkpoint::open(dir, "boot").unwrap();
+        DriverContext::new(
+            "gpu.example.com".into(),
+            "node-a".into(),
+            Arc::new(checkpoint),
+            ClaimLocks::default(),
+            Some(DriverResources::single_pool(
+                "node-a",
+                vec![Device::new("gpu-0"), Device::new("gpu-1")],
+            )),
+        )
+    }
+
+    fn xid() -> DeviceTaint {
+        DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoExecute).value("79")
+    }
+
+    #[tokio::test]
+    async fn state_taints_are_merged_into_the_published_devices_and_removed_on_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        ctx.set_device_state(DeviceState::unhealthy("node-a", "gpu-1", "XID 79").with_taint(xid()));
+        let merged = ctx.initial_resources().unwrap();
+        let devices = &merged.pools["node-a"].devices;
+        assert!(devices[0].taints.is_empty());
+        assert_eq!(devices[1].taints, [xid()]);
+        assert_eq!(ctx.health_source().current().len(), 1);
+        // The driver's own resources are kept apart from the taints.
+        assert!(
+            ctx.resources().unwrap().pools["node-a"].devices[1]
+                .taints
+                .is_empty()
+        );
+
+        ctx.set_device_state(DeviceState::healthy("node-a", "gpu-1"));
+        let merged = ctx.initial_resources().unwrap();
+        assert!(merged.pools["node-a"].devices[1].taints.is_empty());
+        ctx.clear_device_state("node-a", "gpu-1");
+        assert!(ctx.health_source().current().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_taint_the_driver_publishes_itself_is_not_duplicated() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        ctx.publish(DriverResources::single_pool(
+            "node-a",
+            vec![Device::new("gpu-0").taint(xid())],
+        ))
+        .unwrap();
+        ctx.set_device_states([DeviceState::unhealthy("node-a", "gpu-0", "x").with_taint(xid())]);
+        assert_eq!(
+            ctx.initial_resources().unwrap().pools["node-a"].devices[0]
+                .taints
+                .len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn publishing_fails_once_the_plugin_runs_without_a_publisher() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        ctx.attach_publisher(None);
+        assert!(matches!(
+            ctx.publish(DriverResources::new()),
+            Err(ContextError::NotPublishing)
+        ));
+    }
+
+    #[tokio::test]
+    async fn driver_state_of_an_unknown_claim_is_not_updated() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let error = ctx.update_driver_state("nope", &1).await.unwrap_err();
+        assert!(
+            matches!(error, ContextError::ClaimNotPrepared { .. }),
+            "{error}"
+        );
+        let inside = CLAIM_IN_PROGRESS
+            .scope("uid-1".to_owned(), ctx.update_driver_state("uid-1", &1))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(inside, ContextError::InsideClaimOperation { .. }),
+            "{inside}"
+        );
+    }
+}
