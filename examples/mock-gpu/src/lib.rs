@@ -3,6 +3,11 @@
 //! It publishes `--num-devices` GPUs with deterministic attributes, accepts a
 //! [`GpuConfig`](config::GpuConfig) opaque config, and "prepares" a GPU by handing the container
 //! environment variables that describe it, so a pod can prove what it got by printing its env.
+//!
+//! At run time it uses the SDK's [`DriverContext`]: GPUs can be hot-plugged
+//! ([`MockGpuDriver::add_gpu`]) or changed ([`MockGpuDriver::update_gpu`]), and a GPU marked
+//! unhealthy ([`MockGpuDriver::set_gpu_health`]) is reported on the kubelet's health stream and
+//! tainted in the ResourceSlice with one call.
 
 pub mod config;
 #[cfg(feature = "demo")]
@@ -10,14 +15,18 @@ pub mod demo;
 #[cfg(feature = "demo")]
 pub mod testing;
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use dra_sdk::DeviceAttributes;
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::{ContextError, DriverContext};
 use dra_sdk::driver::{
     AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
 };
-use dra_sdk::slices::{Device, DriverResources, Quantity};
+use dra_sdk::health::DeviceState;
+use dra_sdk::slices::{Device, DeviceTaint, DriverResources, Quantity, TaintEffect};
 use sha2::{Digest, Sha256};
 
 use crate::config::{GpuConfig, SharingStrategy};
@@ -78,12 +87,41 @@ impl MockGpu {
     }
 }
 
+/// Why a run-time change to the mock GPUs failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The plugin has not started the driver yet: there is no context to publish through.
+    #[error("the plugin has not started this driver yet")]
+    NotStarted,
+    /// No GPU with this index.
+    #[error("no GPU with index {0} on this node")]
+    NoSuchGpu(u32),
+    /// The SDK refused the change.
+    #[error(transparent)]
+    Context(#[from] ContextError),
+}
+
+/// Health of a mock GPU, as set with [`MockGpuDriver::set_gpu_health`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuHealth {
+    /// Working.
+    Healthy,
+    /// Failed, with the reason shown in the pod's status.
+    Unhealthy(String),
+}
+
 /// The mock GPU driver.
+///
+/// Clones share the GPUs and the runtime context: keep one to change the GPUs of the plugin
+/// that runs another.
 #[derive(Clone, Debug)]
 pub struct MockGpuDriver {
     driver_name: String,
     node_name: String,
-    gpus: Vec<MockGpu>,
+    gpus: Arc<Mutex<Vec<MockGpu>>>,
+    /// The context of the plugin that started this driver last.
+    context: Arc<Mutex<Option<DriverContext>>>,
 }
 
 impl MockGpuDriver {
@@ -100,21 +138,101 @@ impl MockGpuDriver {
         Self {
             driver_name: driver_name.into(),
             node_name,
-            gpus,
+            gpus: Arc::new(Mutex::new(gpus)),
+            context: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// The GPUs this driver has.
-    pub fn gpus(&self) -> &[MockGpu] {
-        &self.gpus
+    /// The GPUs this driver has now.
+    pub fn gpus(&self) -> Vec<MockGpu> {
+        self.lock_gpus().clone()
+    }
+
+    fn lock_gpus(&self) -> std::sync::MutexGuard<'_, Vec<MockGpu>> {
+        // The list is replaced or pushed to in one step: never half-updated.
+        self.gpus.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn context(&self) -> Result<DriverContext, RuntimeError> {
+        self.context
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or(RuntimeError::NotStarted)
     }
 
     /// What the plugin publishes: one pool named after the node.
     pub fn resources(&self) -> DriverResources {
         DriverResources::single_pool(
             self.node_name.clone(),
-            self.gpus.iter().map(MockGpu::device).collect(),
+            self.lock_gpus().iter().map(MockGpu::device).collect(),
         )
+    }
+
+    /// Hot-plugs one more GPU (the next index) and publishes it; it is healthy.
+    pub fn add_gpu(&self) -> Result<MockGpu, RuntimeError> {
+        let context = self.context()?;
+        let gpu = {
+            let mut gpus = self.lock_gpus();
+            let index = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+            let gpu = MockGpu::new(&self.node_name, index);
+            gpus.push(gpu.clone());
+            gpu
+        };
+        context.publish(self.resources())?;
+        context.set_device_state(DeviceState::healthy(&self.node_name, gpu.name()));
+        tracing::info!(device = %gpu.name(), "GPU hot-plugged");
+        Ok(gpu)
+    }
+
+    /// Changes the description of GPU `index` (a new driver version, less memory after a
+    /// repartition) and publishes it.
+    pub fn update_gpu(
+        &self,
+        index: u32,
+        change: impl FnOnce(&mut MockGpu),
+    ) -> Result<MockGpu, RuntimeError> {
+        let context = self.context()?;
+        let gpu = {
+            let mut gpus = self.lock_gpus();
+            let gpu = gpus
+                .iter_mut()
+                .find(|gpu| gpu.index == i64::from(index))
+                .ok_or(RuntimeError::NoSuchGpu(index))?;
+            change(gpu);
+            gpu.clone()
+        };
+        context.publish(self.resources())?;
+        Ok(gpu)
+    }
+
+    /// Sets the health of GPU `index`. An unhealthy GPU is reported to the kubelet (and so in
+    /// the status of pods using it) and tainted `<driver>/unhealthy=true:NoSchedule` in the
+    /// ResourceSlice, so no new claim gets it; a healthy one loses the taint.
+    pub fn set_gpu_health(&self, index: u32, health: GpuHealth) -> Result<(), RuntimeError> {
+        let context = self.context()?;
+        let name = self
+            .lock_gpus()
+            .iter()
+            .find(|gpu| gpu.index == i64::from(index))
+            .map(MockGpu::name)
+            .ok_or(RuntimeError::NoSuchGpu(index))?;
+        let state = match health {
+            GpuHealth::Healthy => DeviceState::healthy(&self.node_name, name),
+            GpuHealth::Unhealthy(reason) => DeviceState::unhealthy(&self.node_name, name, reason)
+                .with_taint(self.unhealthy_taint()),
+        };
+        context.set_device_state(state);
+        Ok(())
+    }
+
+    /// The taint of an unhealthy GPU.
+    pub fn unhealthy_taint(&self) -> DeviceTaint {
+        DeviceTaint::new(
+            format!("{}/unhealthy", self.driver_name),
+            TaintEffect::NoSchedule,
+        )
+        .value("true")
     }
 
     fn device_edits(
@@ -123,9 +241,10 @@ impl MockGpuDriver {
         device: &AllocatedDevice<GpuConfig>,
     ) -> Result<ContainerEdits, DriverError> {
         let gpu = self
-            .gpus
+            .lock_gpus()
             .iter()
             .find(|gpu| gpu.name() == device.device)
+            .cloned()
             .ok_or_else(|| DriverError::Device {
                 device: device.id(),
                 reason: "no such GPU on this node".into(),
@@ -182,6 +301,21 @@ impl Driver for MockGpuDriver {
 
     fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
         ConfigRegistry::new().register::<GpuConfig>()
+    }
+
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        // Mock GPUs start healthy; a real driver would ask the hardware here.
+        ctx.set_device_states(
+            self.lock_gpus()
+                .iter()
+                .map(|gpu| DeviceState::healthy(&self.node_name, gpu.name())),
+        );
+        *self.context.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx.clone());
+        Ok(())
+    }
+
+    fn reports_health(&self) -> bool {
+        true
     }
 
     async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
