@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, prepared_claims};
 use dra_sdk::plugin::KubeletPlugin;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -29,11 +29,15 @@ async fn main() -> Result<()> {
     let cli = Cli::parse();
 
     // Discovery reads sysfs and NVML: blocking work, done before the runtime serves anything.
+    // Devices prepared before a restart stay reserved until unprepared.
+    let prepared = prepared_claims(&cli.plugin).context("reading the checkpoint")?;
     let nvidia = cli.nvidia.clone();
-    let plugin = tokio::task::spawn_blocking(move || NvidiaPlugin::from_args(&nvidia))
-        .await
-        .context("discovery task")?
-        .context("setting up the NVIDIA driver")?;
+    let plugin = tokio::task::spawn_blocking(move || {
+        NvidiaPlugin::from_args_with_prepared(&nvidia, prepared)
+    })
+    .await
+    .context("discovery task")?
+    .context("setting up the NVIDIA driver")?;
     let node_name = cli.plugin.node_name.clone();
     let resources = plugin.resources(&node_name);
     tracing::info!(
