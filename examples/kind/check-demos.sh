@@ -57,6 +57,14 @@ expect opaque-configs "ts-ctr: time-slicing with the Long interval" \
 expect opaque-configs "sp-ctr: space-partitioning into 4" \
   printed opaque-configs pod sp-ctr '^GPU_DEVICE_[0-9]+_PARTITION_COUNT=4$'
 
+fallback_chosen() {
+  local request
+  request=$(kubectl_ get resourceclaims -n prioritized-list \
+    -o jsonpath='{.items[0].status.allocation.devices.results[0].request}')
+  [[ $(count "$(uuids prioritized-list pod ctr)") -eq 1 && $request == gpu/any ]]
+}
+expect prioritized-list "one GPU, from the fallback alternative gpu/any" fallback_chosen
+
 every_gpu_with_admin_access() {
   [[ $(count "$(uuids admin-access pod ctr)") -eq 8 ]] && printed admin-access pod ctr '^DRA_ADMIN_ACCESS=true$'
 }

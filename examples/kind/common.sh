@@ -50,4 +50,5 @@ kubectl_() {
 }
 
 # The demos, in the order they run: one directory each under demos/.
-DEMOS=(two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector opaque-configs admin-access)
+DEMOS=(two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector opaque-configs
+  prioritized-list admin-access)

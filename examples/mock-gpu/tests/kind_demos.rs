@@ -30,6 +30,15 @@ type Environments = BTreeMap<String, Vec<String>>;
 
 /// Runs one demo in a fresh embedded cluster with 8 mock GPUs.
 async fn run_demo(name: &str) -> Environments {
+    run_demo_with_results(name).await.0
+}
+
+/// claim name → the `request` of each of its allocation results (`request/subrequest` for
+/// `firstAvailable`).
+type Results = BTreeMap<String, Vec<String>>;
+
+/// [`run_demo`], and the claims' allocation results.
+async fn run_demo_with_results(name: &str) -> (Environments, Results) {
     let text = std::fs::read_to_string(demos_dir().join(name).join("demo.yaml")).unwrap();
     let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
     let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, 8);
@@ -48,6 +57,7 @@ async fn run_demo(name: &str) -> Environments {
     }
     // claim name → what the kubelet got for it; a shared claim is prepared once.
     let mut prepared: BTreeMap<String, Vec<KubeletDevice>> = BTreeMap::new();
+    let mut results = Results::new();
     let mut environments = Environments::new();
     for pod in documents.iter().filter(|d| d["kind"] == "Pod") {
         let namespace = pod["metadata"]["namespace"].as_str().unwrap();
@@ -73,8 +83,9 @@ async fn run_demo(name: &str) -> Environments {
                 None => entry["resourceClaimName"].as_str().unwrap().to_owned(),
             };
             if !prepared.contains_key(&claim_name) {
-                let devices = prepare(&running, namespace, &claim_name).await;
+                let (devices, requests) = prepare(&running, namespace, &claim_name).await;
                 prepared.insert(claim_name.clone(), devices);
+                results.insert(claim_name.clone(), requests);
             }
             claims.insert(entry_name.to_owned(), claim_name);
         }
@@ -94,7 +105,7 @@ async fn run_demo(name: &str) -> Environments {
             environments.insert(key, container_env(&running.cluster().cdi_root(), &devices));
         }
     }
-    environments
+    (environments, results)
 }
 
 async fn create_claim(client: &kube::Client, claim: Value) {
@@ -106,7 +117,12 @@ async fn create_claim(client: &kube::Client, claim: Value) {
         .unwrap();
 }
 
-async fn prepare(running: &RunningPlugin, namespace: &str, name: &str) -> Vec<KubeletDevice> {
+/// Allocates and prepares a claim: what the kubelet got, and the results' requests.
+async fn prepare(
+    running: &RunningPlugin,
+    namespace: &str,
+    name: &str,
+) -> (Vec<KubeletDevice>, Vec<String>) {
     let claim = allocate_claim(
         &running.cluster().client(),
         namespace,
@@ -116,16 +132,24 @@ async fn prepare(running: &RunningPlugin, namespace: &str, name: &str) -> Vec<Ku
     )
     .await
     .unwrap_or_else(|error| panic!("allocating {namespace}/{name}: {error}"));
+    let requests =
+        serde_json::to_value(&claim).unwrap()["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|result| result["request"].as_str().unwrap().to_owned())
+            .collect();
     let claim = claim_ref(&claim).unwrap();
     let mut outcomes = running
         .kubelet()
         .prepare(std::slice::from_ref(&claim))
         .await
         .unwrap();
-    outcomes
+    let devices = outcomes
         .remove(&claim.uid)
         .unwrap()
-        .unwrap_or_else(|error| panic!("preparing {namespace}/{name}: {error}"))
+        .unwrap_or_else(|error| panic!("preparing {namespace}/{name}: {error}"));
+    (devices, requests)
 }
 
 /// The environment a container with `devices` gets: the spec-level and device-level env of
@@ -224,6 +248,13 @@ async fn opaque_configs_reach_their_containers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prioritized_list_falls_back_to_any_gpu() {
+    let (env, results) = run_demo_with_results("prioritized-list").await;
+    assert_eq!(uuids(&env["pod/ctr"]).len(), 1, "{env:#?}");
+    assert_eq!(results["pod-gpu"], ["gpu/any"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_access_sees_every_gpu() {
     let env = run_demo("admin-access").await;
     let ctr = &env["pod/ctr"];
@@ -247,7 +278,8 @@ fn every_demo_has_a_readme_a_test_and_a_check() {
         );
         assert!(common.contains(&name), "common.sh's DEMOS lacks {name}");
         assert!(
-            this.contains(&format!("run_demo(\"{name}\")")),
+            (this.contains(&format!("run_demo(\"{name}\")"))
+                || this.contains(&format!("run_demo_with_results(\"{name}\")"))),
             "no test runs {name}"
         );
     }
