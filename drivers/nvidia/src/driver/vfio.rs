@@ -9,7 +9,8 @@
 //!    falling back to `vfio-pci`; its module is loaded with `modprobe` when the driver is not
 //!    registered in `/sys/bus/pci/drivers`;
 //! 3. while bound to `nvidia`, wait until no process holds `/dev/nvidia<minor>` (`fuser`
-//!    every `poll` until `timeout`; upstream: 1 s and 60 s);
+//!    every `poll` until `timeout`; upstream: 1 s and 60 s; where `fuser` cannot run, the
+//!    `/proc/<pid>/fd` links are read instead);
 //! 4. unbind: `\n` to `/sys/bus/pci/devices/<bdf>/driver_override`, `<bdf>` to
 //!    `/sys/bus/pci/drivers/<current>/unbind`;
 //! 5. bind: `<vfio driver>` to `driver_override`, `<bdf>` to
@@ -319,13 +320,29 @@ impl<'a> VfioBinder<'a> {
         Ok(())
     }
 
-    /// `fuser` exits 0 when a process uses the file, 1 when none does.
+    /// `fuser` exits 0 when a process uses the file, 1 when none does. Where `fuser` cannot
+    /// run (not installed on the host, or a fake host without it), the same question is
+    /// answered by reading `/proc/<pid>/fd` through the host.
     fn wait_idle(&self, bus_id: &str, minor: u32) -> Result<(), VfioError> {
         let started = Instant::now();
-        let command = HostCommand::new("fuser", [format!("/dev/nvidia{minor}")]).chrooted();
+        let node = format!("/dev/nvidia{minor}");
+        let command = HostCommand::new("fuser", [node.clone()]).chrooted();
+        let mut use_fuser = true;
         loop {
-            let output = self.host.run(&command)?;
-            if !output.success() {
+            let busy = if use_fuser {
+                match self.host.run(&command) {
+                    Ok(output) => output.success(),
+                    Err(HostError::Command { reason, .. }) => {
+                        tracing::debug!(%reason, "fuser unavailable; scanning /proc instead");
+                        use_fuser = false;
+                        self.held_open(&node)?
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            } else {
+                self.held_open(&node)?
+            };
+            if !busy {
                 return Ok(());
             }
             let waited = started.elapsed();
@@ -339,6 +356,33 @@ impl<'a> VfioBinder<'a> {
             tracing::debug!(bus_id, minor, "GPU busy; waiting before rebinding it");
             std::thread::sleep(self.poll.min(self.timeout.saturating_sub(waited)));
         }
+    }
+
+    /// Whether any process has `node` open, from the `/proc/<pid>/fd` links. Processes that
+    /// exit or hide their descriptors while being read are skipped.
+    fn held_open(&self, node: &str) -> Result<bool, HostError> {
+        let pids = match self.host.read_dir(Path::new("/proc")) {
+            Ok(names) => names,
+            Err(error) if error.is_not_found() => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        for pid in pids
+            .iter()
+            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
+        {
+            let fd_dir = PathBuf::from("/proc").join(pid).join("fd");
+            let Ok(fds) = self.host.read_dir(&fd_dir) else {
+                continue;
+            };
+            for fd in fds {
+                if let Ok(target) = self.host.read_link(&fd_dir.join(fd))
+                    && target == Path::new(node)
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
     }
 }
 
