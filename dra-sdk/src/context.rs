@@ -1,4 +1,4 @@
-//! The runtime a driver lives in: [`DriverContext`], handed to [`Driver::start`].
+//! The runtime a driver lives in: [`DriverContext`], handed to [`Driver::start`](crate::driver::Driver::start).
 //!
 //! A real driver does more than answer prepare calls. Devices appear and change (hot-plug, a
 //! new MIG layout), fail and recover, background monitors must stop with the plugin, and some
