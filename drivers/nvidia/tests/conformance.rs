@@ -1,0 +1,84 @@
+//! `gpu-kubelet-plugin` passes the SDK's conformance suite with the mock backend, for every
+//! shipped profile: every case, in process, with a restart in the middle that rebuilds the
+//! driver from the checkpoint as the binary does.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use dra_driver_nvidia::cdi::DriverRoot;
+use dra_driver_nvidia::devices::DRIVER_NAME;
+use dra_driver_nvidia::driver::NvidiaDriver;
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME};
+use dra_sdk::testing::conformance::{Conformance, Outcome};
+
+/// `single_device`: the suite keeps each case's claims allocated, so on a one-GPU machine
+/// the cases after the first allocation find no free device and are skipped (not failed).
+async fn conformant(profile: &str, single_device: bool) {
+    let cli = Cli::try_parse_from([
+        "gpu-kubelet-plugin",
+        "--node-name",
+        NODE_NAME,
+        "--mock-profile",
+        profile,
+    ])
+    .unwrap();
+    let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    let resources = nvidia.resources(NODE_NAME);
+    let (backend, host) = (Arc::clone(&nvidia.backend), Arc::clone(&nvidia.host));
+    let report = Conformance::in_process_with(move |cluster| {
+        // What the binary does at each start: reserve what the checkpoint holds.
+        let (checkpoint, _) =
+            Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
+        let driver = NvidiaDriver::builder(Arc::clone(&backend), Arc::clone(&host))
+            .driver_root(DriverRoot::new(Arc::clone(&host), "/"))
+            .prepared_claims(checkpoint.records().unwrap())
+            .build();
+        drop(checkpoint);
+        cluster
+            .plugin(driver, DRIVER_NAME)
+            .resources(resources.clone())
+    })
+    .run()
+    .await
+    .expect("the conformance suite could not start");
+    println!("{report}");
+    report.assert_passed();
+    let not_passed: Vec<&str> = report
+        .cases
+        .iter()
+        .filter(|case| case.outcome != Outcome::Passed)
+        .filter(|case| {
+            !(single_device
+                && matches!(&case.outcome, Outcome::Skipped(reason)
+                    if reason.contains("all 1 matching devices are allocated")))
+        })
+        .map(|case| case.name)
+        .collect();
+    assert!(
+        not_passed.is_empty(),
+        "{profile}: not passed: {not_passed:?}\n{report}"
+    );
+    drop(nvidia);
+}
+
+#[tokio::test]
+async fn dgx_a100_is_conformant() {
+    conformant("dgx-a100", false).await;
+}
+
+#[tokio::test]
+async fn dgx_h100_is_conformant() {
+    conformant("dgx-h100", false).await;
+}
+
+#[tokio::test]
+async fn mixed_is_conformant() {
+    conformant("mixed", false).await;
+}
+
+#[tokio::test]
+async fn workstation_is_conformant() {
+    conformant("workstation", true).await;
+}
