@@ -52,6 +52,7 @@
 //! - [`cdi`]: CDI spec types, validation and per-claim spec files;
 //! - [`slices`]: the device model and the ResourceSlice publisher;
 //! - [`health`]: device health for the kubelet's health stream;
+//! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
 //! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
 //! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`).
@@ -65,6 +66,7 @@ pub mod claims;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
+pub mod device_status;
 pub mod context;
 pub mod driver;
 pub mod health;

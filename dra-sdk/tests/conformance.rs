@@ -180,8 +180,9 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         .await
         .unwrap();
     plugin.publisher().unwrap().synced().await;
-    // Another writer adds a pool with five taints on a device (1.34 allows four) and an
-    // attribute over 64 characters; the allocator never picks tainted devices.
+    // Another writer adds a pool with five taints on a device (1.34 allows four, the 1.36
+    // server stores it) and a list attribute (1.36 only); the allocator never picks tainted
+    // devices. (An attribute over 64 characters cannot be stored: the server refuses it.)
     let taints: Vec<_> = (0..5)
         .map(|i| serde_json::json!({ "key": format!("example.com/t{i}"), "effect": "NoSchedule" }))
         .collect();
@@ -195,7 +196,7 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
             "pool": { "name": "broken", "generation": 0, "resourceSliceCount": 1 },
             "devices": [{
                 "name": "gpu-9",
-                "attributes": { "model": { "string": "x".repeat(80) } },
+                "attributes": { "vlans": { "ints": [10, 20] } },
                 "taints": taints,
             }],
         },
@@ -224,7 +225,10 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         message.contains(r#"pool "broken", device "gpu-9", taints: has 5 taints; at most 4 are allowed on Kubernetes 1.34"#),
         "{message}"
     );
-    assert!(message.contains("80 characters"), "{message}");
+    assert!(
+        message.contains(r#"attributes["vlans"].ints: needs Kubernetes 1.36 or newer"#),
+        "{message}"
+    );
     assert_eq!(report.cases.len(), 2);
     plugin.shutdown().await.unwrap();
 }

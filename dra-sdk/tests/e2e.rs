@@ -899,3 +899,178 @@ async fn standard_and_list_attributes_on_a_real_api_server() {
         publisher.stop().await;
     }
 }
+
+/// Device status (KEP-4817) against a real 1.36 API server with RBAC: `patch` on
+/// `resourceclaims/status` alone is refused (the granular `resourceclaims/driver` check of
+/// `DRAResourceClaimGranularStatusAuthorization`), with an error saying what to grant; once the
+/// driver's synthetic verb is granted, one apply writes the entries, another driver's entry is
+/// kept, and `clear` removes only ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_status_with_granular_authorization() {
+    use dra_sdk::device_status::{DeviceStatus, DeviceStatusError, DeviceStatusWriter};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::api::{Patch, PatchParams};
+
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let driver = "status.example.com";
+    let cluster = RealCluster::builder(&binaries)
+        .control_plane_only()
+        .start()
+        .await
+        .unwrap();
+    let admin = cluster.client().await.unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(admin.clone(), "default");
+    let claim = claims
+        .create(
+            &PostParams::default(),
+            &object(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": { "name": "nic" },
+                "spec": { "devices": { "requests": [
+                    { "name": "nic", "exactly": { "deviceClassName": "nic.example.com" } },
+                ] } },
+            })),
+        )
+        .await
+        .unwrap();
+    // Only allocated devices may have a status: allocate one device of each driver, as the
+    // scheduler would.
+    let allocation = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": { "name": "nic", "namespace": "default" },
+        "status": { "allocation": { "devices": { "results": [
+            { "request": "nic", "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0" },
+            { "request": "nic", "driver": driver, "pool": "node-1", "device": "eth0" },
+        ] } } },
+    });
+    claims
+        .patch_status("nic", &PatchParams::apply("scheduler").force(), &Patch::Apply(&allocation))
+        .await
+        .unwrap();
+    let other = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": { "name": "nic", "namespace": "default" },
+        "status": { "devices": [
+            { "driver": "gpu.example.com", "pool": "node-1", "device": "gpu-0", "data": { "owner": "gpu" } },
+        ] },
+    });
+    claims
+        .patch_status(
+            "nic",
+            &PatchParams::apply("gpu.example.com").force(),
+            &Patch::Apply(&other),
+        )
+        .await
+        .unwrap();
+
+    let rule = |resources: &[&str], names: Option<&[&str]>, verbs: &[&str]| {
+        json!({ "apiGroups": ["resource.k8s.io"], "resources": resources,
+                "resourceNames": names, "verbs": verbs })
+    };
+    let grant = |name: &str, rules: Vec<serde_json::Value>| {
+        let admin = admin.clone();
+        let name = name.to_owned();
+        async move {
+            Api::<ClusterRole>::all(admin.clone())
+                .create(
+                    &PostParams::default(),
+                    &object(json!({ "apiVersion": "rbac.authorization.k8s.io/v1",
+                                    "kind": "ClusterRole", "metadata": { "name": name },
+                                    "rules": rules })),
+                )
+                .await
+                .unwrap();
+            Api::<ClusterRoleBinding>::all(admin)
+                .create(
+                    &PostParams::default(),
+                    &object(json!({ "apiVersion": "rbac.authorization.k8s.io/v1",
+                                    "kind": "ClusterRoleBinding", "metadata": { "name": name },
+                                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io",
+                                                 "kind": "ClusterRole", "name": name },
+                                    "subjects": [{ "apiGroup": "rbac.authorization.k8s.io",
+                                                   "kind": "User", "name": "status-writer" }] })),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    grant(
+        "status-writer",
+        vec![
+            rule(&["resourceclaims"], None, &["get"]),
+            rule(&["resourceclaims/status"], None, &["patch", "update"]),
+        ],
+    )
+    .await;
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(cluster.kubeconfig_for("status-writer", None).unwrap())
+            .unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let writer = DeviceStatusWriter::new(kube::Client::try_from(config).unwrap(), driver);
+    let reference = ClaimRef {
+        uid: claim.metadata.uid.clone().unwrap(),
+        namespace: "default".into(),
+        name: "nic".into(),
+    };
+    let status = DeviceStatus::new("node-1", "eth0")
+        .ready("Configured", "up")
+        .interface("net1", ["10.1.2.3/24"], "00:11:22:33:44:55")
+        .data(json!({ "mtu": 9000 }));
+
+    let stored = |claims: Api<ResourceClaim>| async move {
+        let claim = claims.get_status("nic").await.unwrap();
+        serde_json::to_value(claim.status.unwrap().devices.unwrap_or_default()).unwrap()
+    };
+    let error = writer
+        .apply(&reference, std::slice::from_ref(&status))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, DeviceStatusError::Forbidden { .. }),
+        "{error:?}"
+    );
+    eprintln!("refused as expected: {error}");
+    assert_eq!(stored(claims.clone()).await.as_array().unwrap().len(), 1);
+
+    // What a controller would be granted; a kubelet plugin gets associated-node:patch, which
+    // only a service account bound to the claim's node can use.
+    grant(
+        "status-writer-driver",
+        vec![rule(
+            &["resourceclaims/driver"],
+            Some(&[driver]),
+            &["arbitrary-node:patch"],
+        )],
+    )
+    .await;
+    let mut written = Err(error);
+    for _ in 0..50 {
+        // RBAC changes reach the authorizer's cache within moments.
+        written = writer
+            .apply(&reference, std::slice::from_ref(&status))
+            .await;
+        if written.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(written.unwrap(), "written");
+    let devices = stored(claims.clone()).await;
+    assert_eq!(devices[0]["driver"], "gpu.example.com");
+    assert_eq!(devices[1]["driver"], driver);
+    assert_eq!(devices[1]["networkData"]["interfaceName"], "net1");
+    assert_eq!(devices[1]["conditions"][0]["type"], "Ready");
+    assert_eq!(devices[1]["data"], json!({ "mtu": 9000 }));
+
+    writer.clear(&reference).await.unwrap();
+    let devices = stored(claims).await;
+    assert_eq!(devices.as_array().unwrap().len(), 1, "{devices}");
+    assert_eq!(devices[0]["driver"], "gpu.example.com");
+}

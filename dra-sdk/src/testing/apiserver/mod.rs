@@ -31,15 +31,21 @@
 //!   patch, and fields the same field manager applied before but omits now are removed. There is no
 //!   field ownership across managers, so apply never conflicts (as if `force` were always set),
 //!   no `managedFields` are written, and lists are replaced whole (right for atomic lists such as
-//!   `ResourceSlice.spec.devices`). Apply bodies must be JSON (kube sends JSON).
+//!   `ResourceSlice.spec.devices`) except ResourceClaim `status.devices`, merged by key. Apply
+//!   bodies must be JSON (kube sends JSON).
 //! - Strategic merge patches are applied as JSON merge patches (no `$patch` directives, lists
 //!   replaced whole).
 //! - `limit`/`continue` are ignored: lists return everything without a continue token.
 //!   `resourceVersionMatch=Exact` lists are served from the history.
 //! - No authentication, authorization or admission beyond the hooks; namespaces need not exist;
 //!   deleting a namespace does not delete its objects; no garbage collection of owned objects.
-//! - Validation is limited to names, immutable fields and the ResourceSlice rules in
-//!   kubelet-wire.md §3.2/§3.4 that a publisher can break; unknown fields are kept.
+//! - Validation is limited to names, immutable fields, the ResourceSlice rules in
+//!   kubelet-wire.md §3.2/§3.4 that a publisher can break (1.36 attribute rules included) and
+//!   the ResourceClaim `status.devices` rules (allocated devices only, per-entry limits);
+//!   unknown fields are kept.
+//! - Server-side apply merges ResourceClaim `status.devices` by its keys (driver, device, pool,
+//!   share ID) as a real server does, so one manager's apply keeps the entries of others; a
+//!   `metadata.uid` in an apply body is a precondition (409 on mismatch).
 //! - Objects are stored per group and resource; serving another version of a group
 //!   ([`ResourceType::with_version`]) re-stamps `apiVersion` without converting.
 //!

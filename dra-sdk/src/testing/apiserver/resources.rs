@@ -50,6 +50,8 @@ pub struct ResourceType {
     pub(crate) delete_collection: bool,
     pub(crate) returns_deleted_object: bool,
     pub(crate) validate: Option<Validator>,
+    /// Lists that server-side apply merges by key (`+listType=map`): path and key fields.
+    pub(crate) list_maps: &'static [(&'static str, &'static [&'static str])],
 }
 
 impl ResourceType {
@@ -58,7 +60,9 @@ impl ResourceType {
         Self::new("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim")
             .in_namespaces()
             .status_subresource(true)
-            .immutable(&["spec"]);
+            .immutable(&["spec"])
+            .list_maps(&[("status.devices", &["driver", "device", "pool", "shareID"])])
+            .validator(validate_resource_claim);
     /// `resource.k8s.io/v1` ResourceClaimTemplates: namespaced, immutable spec.
     pub const RESOURCE_CLAIM_TEMPLATES: Self = Self::new(
         "resource.k8s.io",
@@ -142,6 +146,7 @@ impl ResourceType {
             delete_collection: true,
             returns_deleted_object: true,
             validate: None,
+            list_maps: &[],
         }
     }
 
@@ -182,6 +187,14 @@ impl ResourceType {
 
     const fn returns_status_on_delete(mut self) -> Self {
         self.returns_deleted_object = false;
+        self
+    }
+
+    const fn list_maps(
+        mut self,
+        list_maps: &'static [(&'static str, &'static [&'static str])],
+    ) -> Self {
+        self.list_maps = list_maps;
         self
     }
 
@@ -386,6 +399,83 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
             reason: "FieldValueInvalid",
             message: "Invalid value: only one of `devices` and `sharedCounters` may be set".into(),
         });
+    }
+    errors
+}
+
+/// The `status.devices` rules of a real 1.36 server (KEP-4817): every entry names an allocated
+/// device of the claim (driver, pool, device, share ID), at most 8 conditions, `data` of at most
+/// 10 KiB of JSON, at most 16 IPs, an interface name of at most 256 and a hardware address of at
+/// most 128 characters. Messages follow the real server's where it was observed.
+fn validate_resource_claim(obj: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let Some(devices) = lookup(obj, "status.devices").and_then(Value::as_array) else {
+        return errors;
+    };
+    let key = |v: &Value| {
+        ["driver", "pool", "device", "shareID"].map(|k| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+    };
+    let allocated: Vec<[String; 4]> = lookup(obj, "status.allocation.devices.results")
+        .and_then(Value::as_array)
+        .map(|results| results.iter().map(key).collect())
+        .unwrap_or_default();
+    for (i, device) in devices.iter().enumerate() {
+        let field = format!("status.devices[{i}]");
+        let [driver, pool, name, share] = key(device);
+        if !allocated.contains(&key(device)) {
+            errors.push(FieldError::invalid(
+                &field,
+                &serde_json::json!({"Driver": driver, "Pool": pool, "Device": name, "ShareID": share}),
+                "must be an allocated device in the claim",
+            ));
+        }
+        let count = |path: &str| {
+            lookup(device, path)
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len)
+        };
+        let length = |path: &str| {
+            lookup(device, path)
+                .and_then(Value::as_str)
+                .map_or(0, |s| s.chars().count())
+        };
+        let mut too_many = |path: &str, n: usize, max: usize| {
+            if n > max {
+                errors.push(FieldError {
+                    field: format!("{field}.{path}"),
+                    reason: "FieldValueTooMany",
+                    message: format!("Too many: {n}: must have at most {max} items"),
+                });
+            }
+        };
+        too_many("conditions", count("conditions"), 8);
+        too_many("networkData.ips", count("networkData.ips"), 16);
+        for (path, max) in [
+            ("networkData.interfaceName", 256),
+            ("networkData.hardwareAddress", 128),
+        ] {
+            if length(path) > max {
+                errors.push(FieldError {
+                    field: format!("{field}.{path}"),
+                    reason: "FieldValueTooLong",
+                    message: format!("Too long: may not be more than {max} bytes"),
+                });
+            }
+        }
+        if let Some(data) = device.get("data")
+            && serde_json::to_vec(data).map_or(0, |d| d.len()) > 10 * 1024
+        {
+            errors.push(FieldError {
+                field: format!("{field}.data"),
+                reason: "FieldValueTooLong",
+                message: "Too long: may not be more than 10240 bytes".into(),
+            });
+        }
     }
     errors
 }

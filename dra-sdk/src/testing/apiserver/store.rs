@@ -106,6 +106,70 @@ pub(crate) enum ListAt {
     Exact(u64),
 }
 
+/// The applied configuration with every list-map field of `rt` (`status.devices` of
+/// ResourceClaims) replaced by its merged value: the stored entries of other managers kept, this
+/// manager's entries from its previous apply dropped unless applied again, the applied entries
+/// replacing stored ones with the same keys. The rest of the fake's apply replaces lists whole,
+/// which would wipe other managers' entries; a real server merges these lists by key.
+fn merge_list_maps(
+    rt: &ResourceType,
+    current: &Value,
+    previous: Option<&Value>,
+    config: &Value,
+) -> Value {
+    let mut merged = config.clone();
+    for (path, keys) in rt.list_maps {
+        let key_of = |item: &Value| -> Vec<Value> {
+            keys.iter()
+                .map(|k| item.get(*k).cloned().unwrap_or(Value::Null))
+                .collect()
+        };
+        let list_at = |value: Option<&Value>| -> Vec<Value> {
+            value
+                .and_then(|v| lookup(v, path))
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let applied = lookup(config, path).and_then(Value::as_array).cloned();
+        let owned_before: Vec<Vec<Value>> = list_at(previous).iter().map(key_of).collect();
+        if applied.is_none() && owned_before.is_empty() {
+            continue;
+        }
+        let applied = applied.unwrap_or_default();
+        let applied_keys: Vec<Vec<Value>> = applied.iter().map(key_of).collect();
+        let mut result: Vec<Value> = list_at(Some(current))
+            .into_iter()
+            .filter(|item| {
+                let key = key_of(item);
+                !applied_keys.contains(&key) && !owned_before.contains(&key)
+            })
+            .collect();
+        result.extend(applied);
+        set_path(&mut merged, path, Value::Array(result));
+    }
+    merged
+}
+
+/// Sets the value at a dot-separated path, creating objects on the way.
+fn set_path(value: &mut Value, path: &str, new: Value) {
+    let mut current = value;
+    let mut segments = path.split('.').peekable();
+    while let Some(segment) = segments.next() {
+        if !current.is_object() {
+            *current = Value::Object(serde_json::Map::new());
+        }
+        let Value::Object(map) = current else {
+            return;
+        };
+        if segments.peek().is_none() {
+            map.insert(segment.to_owned(), new);
+            return;
+        }
+        current = map.entry(segment.to_owned()).or_insert(Value::Null);
+    }
+}
+
 /// Fields a client cannot set on create and cannot change on update.
 const SYSTEM_FIELDS: [&str; 6] = [
     "uid",
@@ -406,11 +470,28 @@ impl State {
                 )
             })?,
             PatchBody::Apply { config, manager } => {
+                if let Some(uid) = lookup(&config, "metadata.uid").and_then(Value::as_str)
+                    && Some(uid)
+                        != current
+                            .get("metadata")
+                            .and_then(|m| m.get("uid"))
+                            .and_then(Value::as_str)
+                {
+                    return Err(ApiError::new(
+                        409,
+                        "Conflict",
+                        format!(
+                            "Operation cannot be fulfilled on {} \"{name}\": Precondition failed: UID in precondition: {uid}",
+                            rt.qualified_resource()
+                        ),
+                    ));
+                }
                 let previous = self
                     .applied
                     .get(&key)
                     .and_then(|m| m.get(&(manager.clone(), status)));
-                merge_patch(&mut doc, &apply_patch(previous, &config));
+                let merged = merge_list_maps(rt, &doc, previous, &config);
+                merge_patch(&mut doc, &apply_patch(previous, &merged));
                 remember = Some((manager, config));
             }
         }
