@@ -66,8 +66,8 @@ pub mod claims;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;
-pub mod device_status;
 pub mod context;
+pub mod device_status;
 pub mod driver;
 pub mod health;
 pub mod metadata;
