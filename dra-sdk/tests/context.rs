@@ -494,6 +494,8 @@ async fn a_failed_reconcile_is_reported_and_the_plugin_serves_unless_it_is_fatal
         ),
         "{error}"
     );
+    // The context it got in `start` is cancelled: its background work stops.
+    assert!(fatal.ctx().cancellation_token().is_cancelled());
     assert!(
         error.to_string().contains("orphaned MIG instances"),
         "{error}"

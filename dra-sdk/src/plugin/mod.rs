@@ -431,6 +431,9 @@ impl<D: Driver> PluginBuilder<D> {
             metrics: plugin_metrics,
         });
         node.recover().await?;
+        // If anything below fails, the driver's background work (started in `Driver::start`)
+        // must stop with the plugin that never ran.
+        let cancel_on_error = context.cancellation_token().drop_guard();
         start_driver(&driver, &context).await?;
         let health = match driver.health() {
             Some(source) => {
@@ -568,6 +571,7 @@ impl<D: Driver> PluginBuilder<D> {
         };
 
         drop(_entered);
+        cancel_on_error.disarm();
         Ok(KubeletPlugin {
             paths,
             registration,
