@@ -376,7 +376,7 @@ fn nvml_backend(container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, Set
         .iter()
         .map(|dir| container_driver_root.join(dir).join(DEFAULT_LIBRARY))
         .find(|path| path.exists())
-        .map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), |path| path);
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_LIBRARY));
     Ok(Arc::new(NvmlBackend::open(library)?))
 }
 
