@@ -321,6 +321,10 @@ struct Owner {
 #[derive(Debug, Default)]
 struct Reservations {
     by_key: BTreeMap<String, Owner>,
+    /// The state of each claim this process prepared (or found in the checkpoint), by UID.
+    /// Unprepare falls back to it when the checkpoint has none: the SDK drops the driver
+    /// state when writing the CDI spec or the checkpoint fails after a successful prepare.
+    states: BTreeMap<String, ClaimState>,
 }
 
 fn pci_key(bus_id: &str) -> String {
@@ -337,6 +341,7 @@ fn reservation_keys(device: &str, kind: &PreparedKind) -> Vec<String> {
 
 impl Reservations {
     fn restore(&mut self, uid: &str, namespace: &str, name: &str, state: &ClaimState) {
+        self.states.insert(uid.to_owned(), state.clone());
         for device in state.devices.iter().filter(|d| !d.admin_access) {
             for key in reservation_keys(&device.device, &device.kind) {
                 self.by_key.insert(
@@ -414,6 +419,12 @@ impl Reservations {
 
     fn release(&mut self, uid: &str) {
         self.by_key.retain(|_, owner| owner.uid != uid);
+    }
+
+    /// Releases a claim's devices and forgets its state.
+    fn forget(&mut self, uid: &str) {
+        self.release(uid);
+        self.states.remove(uid);
     }
 }
 
@@ -597,10 +608,14 @@ fn prepare_blocking(
             )
         })
         .collect();
-    inner.reservations().reserve(claim, &reserved)?;
+    let earlier = {
+        let mut reservations = inner.reservations();
+        reservations.reserve(claim, &reserved)?;
+        reservations.states.get(&claim.uid).cloned()
+    };
 
     let mut bound: Vec<VfioBinding> = Vec::new();
-    let result = prepare_devices(inner, &planned, &mut bound);
+    let result = prepare_devices(inner, &planned, earlier.as_ref(), &mut bound);
     match result {
         Ok(prepared) => {
             // Reserve with the final identities (the VFIO bindings are known now).
@@ -616,7 +631,12 @@ fn prepare_blocking(
                     tracing::error!(bus_id = %binding.bus_id, error = %restore, "rolling back a VFIO binding failed");
                 }
             }
-            inner.reservations().release(&claim.uid);
+            let mut reservations = inner.reservations();
+            reservations.release(&claim.uid);
+            // An earlier attempt of this claim that succeeded keeps what it holds.
+            if let Some(earlier) = &earlier {
+                reservations.restore(&claim.uid, &claim.namespace, &claim.name, earlier);
+            }
             Err(error)
         }
     }
@@ -625,6 +645,7 @@ fn prepare_blocking(
 fn prepare_devices(
     inner: &Inner,
     planned: &[Planned],
+    earlier: Option<&ClaimState>,
     bound: &mut Vec<VfioBinding>,
 ) -> Result<Prepared, DriverError> {
     let cdi = &inner.cdi;
@@ -659,6 +680,21 @@ fn prepare_devices(
                     .bind(bus_id, *minor)
                     .map_err(|error| device_error(&plan.device, error))?;
                 bound.push(binding.clone());
+                // A retry finds the GPU on VFIO already; what to restore is what the earlier
+                // attempt found.
+                let binding = earlier
+                    .into_iter()
+                    .flat_map(|state| &state.devices)
+                    .find_map(|device| match &device.kind {
+                        PreparedKind::Vfio(old)
+                            if old.bus_id == binding.bus_id && old.rebound() =>
+                        {
+                            Some(old.clone())
+                        }
+                        _ => None,
+                    })
+                    .filter(|_| !binding.rebound())
+                    .unwrap_or(binding);
                 let device_edits = vfio_edits(cdi, &binding, config)
                     .map_err(|error| device_error(&plan.device, error))?;
                 (device_edits, PreparedKind::Vfio(binding))
@@ -705,12 +741,16 @@ fn unprepare_blocking(
     claim: &ClaimRef,
     record: &ClaimRecord,
 ) -> Result<(), DriverError> {
+    let remembered = inner.reservations().states.get(&claim.uid).cloned();
     let state = match record.driver_state.as_ref().map(ClaimState::from_value) {
-        None => {
-            // Prepare failed or was interrupted before it returned: it undid its own work.
-            inner.reservations().release(&claim.uid);
-            return Ok(());
-        }
+        None => match remembered {
+            Some(state) => state,
+            None => {
+                // Prepare failed or was interrupted before it returned: it undid its own work.
+                inner.reservations().forget(&claim.uid);
+                return Ok(());
+            }
+        },
         Some(Ok(state)) => state,
         Some(Err(error)) => {
             // Failing would block the pod's termination forever, and guessing what to undo
@@ -721,7 +761,7 @@ fn unprepare_blocking(
                 "the checkpointed driver state of this claim is unreadable; nothing was undone \
                  (a GPU it passed through may still be bound to its VFIO driver)"
             );
-            inner.reservations().release(&claim.uid);
+            inner.reservations().forget(&claim.uid);
             return Ok(());
         }
     };
@@ -750,7 +790,7 @@ fn unprepare_blocking(
             failures.join("; ")
         )));
     }
-    inner.reservations().release(&claim.uid);
+    inner.reservations().forget(&claim.uid);
     Ok(())
 }
 

@@ -1028,3 +1028,88 @@ fn without_fuser_proc_tells_whether_the_gpu_is_busy() {
         .unwrap();
     assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("vfio-pci"));
 }
+
+/// The SDK can fail a claim after the driver prepared it (the CDI spec cannot be written):
+/// the checkpoint then has no driver state, and the driver's own memory of the claim is what
+/// gives the GPU back, on a retry as on unprepare.
+#[tokio::test]
+async fn a_vfio_claim_failed_by_the_sdk_after_prepare_still_gives_the_gpu_back() {
+    let r = start("mixed", "PassthroughSupport=true").await;
+    let mut bus_ids: Vec<String> =
+        r.f.inventory
+            .gpus
+            .iter()
+            .map(|g| g.info.pci.bus_id.clone())
+            .collect();
+    bus_ids.sort();
+    let bdf = &bus_ids[0];
+    let claim = r
+        .claim(AllocatedClaim::new("default", "vm").device(
+            "vm",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-vfio-0",
+        ))
+        .await;
+
+    // The CDI directory is not writable: the SDK fails the claim after the bind.
+    let cdi_root = r.cluster.cdi_root();
+    std::fs::remove_dir_all(&cdi_root).unwrap();
+    std::fs::write(&cdi_root, "not a directory").unwrap();
+    let failed = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(failed[&claim.uid].is_err());
+    assert_eq!(r.f.bound_driver(bdf).as_deref(), Some("vfio-pci"));
+
+    // The kubelet retries once the directory is back; the retry finds the GPU on VFIO and
+    // still remembers it came from nvidia.
+    std::fs::remove_file(&cdi_root).unwrap();
+    std::fs::create_dir(&cdi_root).unwrap();
+    let retried = r
+        .kubelet
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(retried[&claim.uid].is_ok(), "{:?}", retried[&claim.uid]);
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    assert_eq!(r.f.bound_driver(bdf).as_deref(), Some("nvidia"));
+
+    // Failed and then unprepared without a retry: given back too.
+    let other = r
+        .claim(AllocatedClaim::new("default", "vm2").device(
+            "vm",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-vfio-0",
+        ))
+        .await;
+    std::fs::remove_dir_all(&cdi_root).unwrap();
+    std::fs::write(&cdi_root, "not a directory").unwrap();
+    assert!(
+        r.kubelet
+            .prepare(std::slice::from_ref(&other))
+            .await
+            .unwrap()[&other.uid]
+            .is_err()
+    );
+    assert_eq!(r.f.bound_driver(bdf).as_deref(), Some("vfio-pci"));
+    std::fs::remove_file(&cdi_root).unwrap();
+    std::fs::create_dir(&cdi_root).unwrap();
+    let unprepared = r
+        .kubelet
+        .unprepare(std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&other.uid], Ok(()));
+    assert_eq!(r.f.bound_driver(bdf).as_deref(), Some("nvidia"));
+    assert!(r.driver.prepared_devices().is_empty());
+    r.shutdown().await;
+}
