@@ -8,27 +8,13 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use serde_json::Value;
-use support::chart::{OpenApi, chart_dir, decode, describe, helm_or_skip, render};
+use support::chart::{
+    OpenApi, chart_dir, decode, describe, helm_or_skip, leaves, render, values_sets, yaml,
+};
 
 const NAMESPACE: &str = "dra-mock-gpu";
-
-/// The values files CI renders: the defaults, then each file of `ci/`.
-fn values_sets() -> Vec<(String, Vec<String>)> {
-    let mut sets = vec![("defaults".to_owned(), Vec::new())];
-    let mut files: Vec<_> = std::fs::read_dir(chart_dir().join("ci"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .collect();
-    files.sort();
-    for file in files {
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        sets.push((name, vec!["-f".to_owned(), file.display().to_string()]));
-    }
-    sets
-}
 
 #[test]
 fn every_rendered_object_is_valid_for_the_api_server() {
@@ -176,29 +162,6 @@ fn the_daemonset_env_names_flags_of_the_plugin() {
             );
         }
     }
-}
-
-/// Leaf paths of a values tree (maps are walked; lists and empty maps are leaves).
-fn leaves(value: &Value, path: &str, out: &mut BTreeSet<String>) {
-    match value {
-        Value::Object(fields) if !fields.is_empty() => {
-            for (key, child) in fields {
-                let child_path = if path.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{path}.{key}")
-                };
-                leaves(child, &child_path, out);
-            }
-        }
-        _ => {
-            out.insert(path.to_owned());
-        }
-    }
-}
-
-fn yaml(path: &Path) -> Value {
-    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 #[test]
