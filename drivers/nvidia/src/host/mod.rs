@@ -61,7 +61,9 @@ pub trait Host: Send + Sync + fmt::Debug {
     fn read_to_string(&self, path: &Path) -> Result<String, HostError>;
 
     /// Writes a file, the way sysfs attributes are written: one `write` of `contents`, no
-    /// create-and-rename (sysfs files cannot be replaced).
+    /// create-and-rename (sysfs files cannot be replaced). [`SystemHost`] writes existing
+    /// files only (a missing one is an error, never a new file on the host);
+    /// [`RootedHost`] creates them.
     fn write(&self, path: &Path, contents: &[u8]) -> Result<(), HostError>;
 
     /// Whether a path exists (following symbolic links).

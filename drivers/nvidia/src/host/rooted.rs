@@ -220,7 +220,7 @@ impl Host for RootedHost {
         } else {
             contents
         };
-        write_in_place(&self.resolve(path), contents)
+        write_in_place(&self.resolve(path), contents, true)
             .map_err(|source| HostError::write(path, contents, source))
     }
 

@@ -43,7 +43,9 @@ impl Host for SystemHost {
 
     fn write(&self, path: &Path, contents: &[u8]) -> Result<(), HostError> {
         tracing::debug!(path = %path.display(), contents = %String::from_utf8_lossy(contents).trim_end(), "host write");
-        write_in_place(&self.resolve(path), contents)
+        // Never create: on the real host a write goes to a file the kernel made (a sysfs
+        // attribute); a typo must fail, not leave a new file behind.
+        write_in_place(&self.resolve(path), contents, false)
             .map_err(|source| HostError::write(path, contents, source))
     }
 
@@ -109,13 +111,13 @@ impl Host for SystemHost {
     }
 }
 
-/// One `write(2)` into an existing (or new) file, without truncating through a rename: how
-/// sysfs attributes must be written.
-pub(super) fn write_in_place(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+/// One `write(2)` into an existing file (or a new one with `create`), without a
+/// create-and-rename: how sysfs attributes must be written.
+pub(super) fn write_in_place(path: &Path, contents: &[u8], create: bool) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
+        .create(create)
         .truncate(true)
         .open(path)?;
     file.write_all(contents)
@@ -138,6 +140,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = SystemHost::rooted(dir.path());
         std::fs::create_dir_all(dir.path().join("sys/x")).unwrap();
+        // Only existing files are written, as in sysfs.
+        let missing = host.write(Path::new("/sys/x/a"), b"1\n").unwrap_err();
+        assert!(missing.is_not_found(), "{missing}");
+        assert!(!dir.path().join("sys/x/a").exists());
+        std::fs::write(dir.path().join("sys/x/a"), "0\n").unwrap();
         host.write(Path::new("/sys/x/a"), b"1\n").unwrap();
         assert_eq!(host.read_to_string(Path::new("/sys/x/a")).unwrap(), "1\n");
         assert_eq!(host.read_dir(Path::new("/sys/x")).unwrap(), vec!["a"]);
