@@ -784,3 +784,55 @@ async fn standard_and_list_attributes_are_published() {
     assert_eq!(device["attributes"]["vlans"], json!({"ints": [10, 20]}));
     handle.stop().await;
 }
+
+/// A 1.36 server with `DRAListTypeAttributes` off refuses slices with list attributes (it drops
+/// the values, then rejects the empty attributes): the publisher reports the gate once, as for
+/// a dropped field, and publishes the devices without their list attributes instead of being
+/// refused forever.
+#[tokio::test]
+async fn list_attributes_refused_without_their_gate_are_reported_and_left_out() {
+    let env = env().await;
+    env.server.drop_fields(
+        "resourceslices",
+        &[
+            "spec.devices[].attributes.*.ints",
+            "spec.devices[].attributes.*.bools",
+            "spec.devices[].attributes.*.strings",
+            "spec.devices[].attributes.*.versions",
+        ],
+    );
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = errors.clone();
+    let devices = vec![
+        Device::new("nic-0")
+            .attribute("model", "x710")
+            .attribute("vlans", vec![10i64, 20]),
+    ];
+    let handle = env
+        .publisher()
+        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
+        .spawn(pool_of(devices));
+    let mut events = handle.subscribe();
+    synced(&handle).await;
+    let event = next_event(&mut events, |e| {
+        matches!(e, PublishEvent::DroppedFields { .. })
+    })
+    .await;
+    let PublishEvent::DroppedFields { features, .. } = event else {
+        unreachable!()
+    };
+    assert_eq!(features, BTreeSet::from([FeatureGate::ListTypeAttributes]));
+
+    let slices = env.slices();
+    assert_eq!(slices.len(), 1);
+    let attributes = slices[0].spec.devices.as_ref().unwrap()[0]
+        .attributes
+        .clone()
+        .unwrap();
+    assert!(attributes.contains_key("model"));
+    assert!(!attributes.contains_key("vlans"));
+    let errors = errors.lock().unwrap().clone();
+    assert_eq!(errors.len(), 1, "reported once: {errors:?}");
+    assert!(errors[0].contains("DRAListTypeAttributes"), "{errors:?}");
+    handle.stop().await;
+}

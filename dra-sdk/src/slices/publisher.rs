@@ -804,6 +804,9 @@ enum WriteResult {
         operation: Operation,
         name: String,
         error: kube::Error,
+        /// The write was refused because the server does not know list attributes
+        /// (`DRAListTypeAttributes` off): it drops them, then rejects the empty attributes.
+        refused_lists: Option<String>,
     },
     Unencodable {
         name: String,
@@ -1285,6 +1288,7 @@ impl Reconciler {
                         operation: Operation::Delete,
                         name: delete.name,
                         error,
+                        refused_lists: None,
                     },
                 }
             })
@@ -1313,11 +1317,16 @@ impl Reconciler {
                         stored: wire::from_dynamic(stored, version).map(Box::new),
                         operation,
                     },
-                    Err(error) => WriteResult::Failed {
-                        operation,
-                        name,
-                        error,
-                    },
+                    Err(error) => {
+                        let refused = matches!(&error, kube::Error::Api(status)
+                            if wire::rejected_list_attributes(&slice.spec, status));
+                        WriteResult::Failed {
+                            operation,
+                            name,
+                            error,
+                            refused_lists: refused.then(|| slice.spec.pool.name.clone()),
+                        }
+                    }
                 }
             }
         };
@@ -1376,7 +1385,21 @@ impl Reconciler {
                     operation,
                     name,
                     error,
+                    refused_lists,
                 } => {
+                    // Like a dropped field, reported once; the next round publishes without
+                    // list attributes instead of being refused forever.
+                    if let Some(pool) = refused_lists
+                        && self.disabled.insert(FeatureGate::ListTypeAttributes)
+                    {
+                        failed = true;
+                        self.report(PublishError::DroppedFields {
+                            pool,
+                            slice: name,
+                            features: self.disabled.clone(),
+                        });
+                        continue;
+                    }
                     let status = match &error {
                         kube::Error::Api(status) => status.code,
                         _ => 0,

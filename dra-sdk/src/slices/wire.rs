@@ -535,6 +535,40 @@ pub(crate) fn dropped_features(
     dropped
 }
 
+/// Whether `status`, the answer to writing `sent`, is how a server with `DRAListTypeAttributes`
+/// off refuses list attributes. Such a server does not store the slice without them: it drops
+/// the list value and then rejects the attribute left without a value ("exactly one value must
+/// be specified", 422 Invalid), naming `spec.devices[<i>].attributes[<name>]`. Only attributes
+/// sent with a list value count, so a genuinely invalid slice is not mistaken for a gate.
+pub(crate) fn rejected_list_attributes(
+    sent: &api::ResourceSliceSpec,
+    status: &kube::core::Status,
+) -> bool {
+    const REJECTION: &str = "exactly one value must be specified";
+    if status.code != 422 {
+        return false;
+    }
+    let causes = status.details.iter().flat_map(|d| d.causes.iter());
+    let mut fields: Vec<&str> = causes
+        .filter(|cause| cause.message.contains(REJECTION))
+        .map(|cause| cause.field.as_str())
+        .collect();
+    if fields.is_empty() && status.message.contains(REJECTION) {
+        // No causes: the message names the fields ("…: spec.devices[0].attributes[x]: …").
+        fields.push(status.message.as_str());
+    }
+    sent.devices
+        .iter()
+        .flatten()
+        .enumerate()
+        .any(|(index, device)| {
+            device.attributes.iter().flatten().any(|(name, attribute)| {
+                let path = format!("spec.devices[{index}].attributes[{name}]");
+                attribute_has_list(attribute) && fields.iter().any(|field| field.contains(&path))
+            })
+        })
+}
+
 /// Removes the fields of disabled gates from a desired spec, so that the publisher compares
 /// against what the server can store instead of rewriting forever.
 pub(crate) fn strip_features(spec: &mut api::ResourceSliceSpec, disabled: &BTreeSet<FeatureGate>) {
@@ -726,6 +760,46 @@ mod tests {
         strip_features(&mut sent, &dropped);
         assert!(specs_equal(&sent, &stored));
         assert_eq!(FeatureGate::DeviceTaints.to_string(), "DRADeviceTaints");
+    }
+
+    fn invalid(field: &str, message: &str) -> kube::core::Status {
+        serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 422, "reason": "Invalid",
+            "message": format!("ResourceSlice.resource.k8s.io \"s\" is invalid: {field}: {message}"),
+            "details": {"causes": [{"reason": "FieldValueInvalid", "field": field, "message": message}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_refused_list_attribute_is_told_from_an_invalid_slice() {
+        if !LIST_ATTRIBUTES_COMPILED {
+            return;
+        }
+        let device = Device::new("nic")
+            .attribute("vlans", vec![10i64, 20])
+            .attribute("model", "x");
+        let sent = slice_with(vec![device_to_api(&device)]).spec;
+        let rejection = "Invalid value: \"\": exactly one value must be specified";
+        assert!(rejected_list_attributes(
+            &sent,
+            &invalid("spec.devices[0].attributes[vlans]", rejection)
+        ));
+        // The same words on a scalar attribute, or another error on the list: not the gate.
+        assert!(!rejected_list_attributes(
+            &sent,
+            &invalid("spec.devices[0].attributes[model]", rejection)
+        ));
+        assert!(!rejected_list_attributes(
+            &sent,
+            &invalid("spec.devices[0].attributes[vlans].ints", "Required value")
+        ));
+        // Without causes, the message carries the field.
+        let mut bare = invalid("spec.devices[0].attributes[vlans]", rejection);
+        bare.details = None;
+        assert!(rejected_list_attributes(&sent, &bare));
+        bare.code = 409;
+        assert!(!rejected_list_attributes(&sent, &bare));
     }
 
     #[test]
