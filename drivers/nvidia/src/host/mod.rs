@@ -20,6 +20,7 @@
 //! use dra_driver_nvidia::host::{Host, RootedHost};
 //!
 //! let dir = tempfile::tempdir()?;
+//! std::fs::create_dir_all(dir.path().join("sys/bus/pci/devices/0000:07:00.0"))?;
 //! let host = RootedHost::new(dir.path());
 //! host.write(Path::new("/sys/bus/pci/devices/0000:07:00.0/driver_override"), b"vfio-pci")?;
 //! assert_eq!(
