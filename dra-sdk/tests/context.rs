@@ -607,3 +607,109 @@ async fn prepare_is_unit_testable_with_built_and_resolved_claims() {
         .with_cdi_device_id("nvidia.com/gpu=0");
     assert_eq!(device.cdi_device_ids, ["nvidia.com/gpu=0"]);
 }
+
+/// Counts how many driver operations run at once across every plugin instance sharing it.
+#[derive(Clone, Default)]
+struct Hardware {
+    busy: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Hardware {
+    async fn operate(&self) {
+        let now = self.busy.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A driver whose (pretend) hardware operations must not overlap, like MIG placement.
+struct PlacementDriver {
+    hardware: Hardware,
+}
+
+#[async_trait::async_trait]
+impl Driver for PlacementDriver {
+    type Config = GpuConfig;
+
+    fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
+        ConfigRegistry::new().register::<GpuConfig>()
+    }
+
+    async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
+        self.hardware.operate().await;
+        Ok(prepare_gpus(claim))
+    }
+
+    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+        self.hardware.operate().await;
+        Ok(())
+    }
+}
+
+/// Two instances of the plugin on one node (a rolling update), each prepared and unprepared
+/// three claims at once; returns the most driver operations that overlapped.
+async fn most_overlapping_operations(serialize: bool) -> usize {
+    let cluster = TestCluster::start().await.unwrap();
+    let hardware = Hardware::default();
+    let mut plugins = Vec::new();
+    let mut kubelets = Vec::new();
+    for pod_uid in ["old-pod", "new-pod"] {
+        let driver = PlacementDriver {
+            hardware: hardware.clone(),
+        };
+        let plugin = cluster
+            .plugin(driver, DRIVER)
+            .pod_uid(pod_uid)
+            .serialize_operations(serialize)
+            .start()
+            .await
+            .unwrap();
+        kubelets.push(
+            cluster
+                .register(&plugin, KubeletVersion::V1_36)
+                .await
+                .unwrap(),
+        );
+        plugins.push(plugin);
+    }
+    let mut claims = Vec::new();
+    for i in 0..6 {
+        claims.push(gpu_claim(&cluster, &format!("placed-{i}"), &["gpu-0"]).await);
+    }
+    let prepares = claims.iter().enumerate().map(|(i, claim)| {
+        let kubelet = &kubelets[i % 2];
+        async move { kubelet.prepare(std::slice::from_ref(claim)).await.unwrap() }
+    });
+    for (claim, result) in claims.iter().zip(futures::future::join_all(prepares).await) {
+        assert!(result[&claim.uid].is_ok(), "{result:?}");
+    }
+    let unprepares = claims.iter().enumerate().map(|(i, claim)| {
+        // The other instance unprepares: both share the checkpoint.
+        let kubelet = &kubelets[(i + 1) % 2];
+        async move {
+            kubelet
+                .unprepare(std::slice::from_ref(claim))
+                .await
+                .unwrap()
+        }
+    });
+    for (claim, result) in claims
+        .iter()
+        .zip(futures::future::join_all(unprepares).await)
+    {
+        assert!(result[&claim.uid].is_ok(), "{result:?}");
+    }
+    for plugin in plugins {
+        plugin.shutdown().await.unwrap();
+    }
+    hardware.most.load(Ordering::SeqCst)
+}
+
+#[tokio::test]
+async fn serialized_operations_never_overlap_across_instances() {
+    assert_eq!(most_overlapping_operations(true).await, 1);
+    // The control: without the option the same load overlaps, so the assertion above has teeth.
+    assert!(most_overlapping_operations(false).await > 1);
+}

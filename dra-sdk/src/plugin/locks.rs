@@ -73,6 +73,74 @@ impl Drop for ClaimGuard {
     }
 }
 
+/// The opt-in node-wide lock of [`PluginBuilder::serialize_operations`](crate::plugin::PluginBuilder::serialize_operations):
+/// an async mutex for this process and an `flock` on a file shared with every other instance
+/// of the plugin on the node (rolling updates), so no two prepare or unprepare batches, and no
+/// start-up recovery, overlap anywhere on the node.
+pub(crate) struct NodeLock {
+    mutex: AsyncMutex<()>,
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl NodeLock {
+    /// Opens (or creates) the lock file.
+    pub(crate) fn open(path: std::path::PathBuf) -> std::io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        Ok(Self {
+            mutex: AsyncMutex::new(()),
+            file,
+            path,
+        })
+    }
+
+    /// Waits for the lock. The file lock is polled rather than waited for in a blocking thread,
+    /// so a caller that gives up (a kubelet deadline) leaves nothing behind.
+    pub(crate) async fn lock(&self) -> std::io::Result<NodeGuard<'_>> {
+        let guard = self.mutex.lock().await;
+        let mut pause = std::time::Duration::from_micros(100);
+        loop {
+            match self.file.try_lock() {
+                Ok(()) => {
+                    return Ok(NodeGuard {
+                        file: &self.file,
+                        _guard: guard,
+                    });
+                }
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(10));
+                }
+                Err(std::fs::TryLockError::Error(error)) => {
+                    return Err(std::io::Error::new(
+                        error.kind(),
+                        format!("locking {}: {error}", self.path.display()),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// Holds the node-wide lock; dropping it releases the file lock, then the mutex.
+pub(crate) struct NodeGuard<'a> {
+    file: &'a std::fs::File,
+    _guard: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Drop for NodeGuard<'_> {
+    fn drop(&mut self) {
+        // Closing the file would release it too, but the file lives as long as the plugin.
+        if let Err(error) = self.file.unlock() {
+            tracing::warn!(%error, "releasing the node-wide operation lock");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -150,6 +150,7 @@ pub struct PluginBuilder<D: Driver> {
     resources: Option<DriverResources>,
     health_resend_interval: Duration,
     read_policy: ReadPolicy,
+    serialize_operations: bool,
 }
 
 impl KubeletPlugin {
@@ -186,6 +187,7 @@ impl KubeletPlugin {
             resources: None,
             health_resend_interval: Duration::from_secs(10),
             read_policy: ReadPolicy::default(),
+            serialize_operations: false,
         }
     }
 
@@ -353,6 +355,19 @@ impl<D: Driver> PluginBuilder<D> {
         self
     }
 
+    /// Serializes prepare and unprepare node-wide, for drivers whose hardware operations must
+    /// not overlap (MIG placement, VFIO rebinding). Off by default: claims run in parallel.
+    ///
+    /// When on, one batch at a time runs the driver and writes its checkpoint records, across
+    /// this process and every other instance of the plugin on the node (a rolling update: the
+    /// lock is an `flock` on `<plugins dir>/<driver>/operations.lock`); the start-up rollback and
+    /// [`Driver::reconcile`] hold the same lock, so they never see another instance's prepare
+    /// half-done. Reading claims from the API server stays concurrent.
+    pub fn serialize_operations(mut self, serialize: bool) -> Self {
+        self.serialize_operations = serialize;
+        self
+    }
+
     /// Retry policy for ResourceClaim reads.
     pub fn claim_read_policy(mut self, policy: ReadPolicy) -> Self {
         self.read_policy = policy;
@@ -420,6 +435,15 @@ impl<D: Driver> PluginBuilder<D> {
             locks.clone(),
             self.resources,
         );
+        let serial = if self.serialize_operations {
+            let path = data_dir.join("operations.lock");
+            Some(
+                locks::NodeLock::open(path.clone())
+                    .map_err(io_error(format!("opening {}", path.display())))?,
+            )
+        } else {
+            None
+        };
         let node = Arc::new(NodeService {
             registry: driver.config_registry(),
             driver: Arc::clone(&driver),
@@ -429,12 +453,18 @@ impl<D: Driver> PluginBuilder<D> {
             cdi: SpecWriter::new(self.cdi_root.clone(), cdi_kind),
             locks,
             metrics: plugin_metrics,
+            serial,
         });
+        let startup_serial = node
+            .serialize()
+            .await
+            .map_err(io_error("taking the node-wide operation lock"))?;
         node.recover().await?;
         // If anything below fails, the driver's background work (started in `Driver::start`)
         // must stop with the plugin that never ran.
         let cancel_on_error = context.cancellation_token().drop_guard();
         start_driver(&driver, &context).await?;
+        drop(startup_serial);
         let health = match driver.health() {
             Some(source) => {
                 if driver.reports_health() {

@@ -29,7 +29,7 @@ use crate::config::ConfigRegistry;
 use crate::context::CLAIM_IN_PROGRESS;
 use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
-use crate::plugin::locks::ClaimLocks;
+use crate::plugin::locks::{ClaimLocks, NodeGuard, NodeLock};
 
 /// Result of preparing one claim: its devices, or the message the kubelet shows.
 pub(crate) type PrepareResult = Result<Vec<PreparedDeviceRecord>, String>;
@@ -46,6 +46,8 @@ pub(crate) struct NodeService<D: Driver> {
     pub(crate) cdi: SpecWriter,
     pub(crate) locks: ClaimLocks,
     pub(crate) metrics: Arc<PluginMetrics>,
+    /// The node-wide lock, when the driver asked for serialized operations.
+    pub(crate) serial: Option<NodeLock>,
 }
 
 /// What phase 2 found out about a claim.
@@ -90,6 +92,17 @@ impl<D: Driver> NodeService<D> {
         if ready.is_empty() {
             return results;
         }
+        // Serialized mode: from the first record to the last, no other batch on the node runs.
+        let _serial = match self.serialize().await {
+            Ok(guard) => guard,
+            Err(error) => {
+                for claim in ready {
+                    self.metrics.claim_error(Operation::Prepare, "lock");
+                    results.insert(claim.claim.uid.clone(), Err(error.to_string()));
+                }
+                return results;
+            }
+        };
 
         // Record the intent before any side effect, so a crash in the driver leaves a trace
         // that the next start rolls back.
@@ -248,6 +261,18 @@ impl<D: Driver> NodeService<D> {
             .locks
             .lock_all(claims.iter().map(|c| c.uid.as_str()))
             .await;
+        let _serial = match self.serialize().await {
+            Ok(guard) => guard,
+            Err(error) => {
+                return claims
+                    .iter()
+                    .map(|claim| {
+                        self.metrics.claim_error(Operation::Unprepare, "lock");
+                        (claim.uid.clone(), Err(error.to_string()))
+                    })
+                    .collect();
+            }
+        };
 
         let outcomes = join_all(claims.iter().map(|claim| {
             let span = claim_span("unprepare", &self.driver_name, claim);
@@ -397,6 +422,14 @@ impl<D: Driver> NodeService<D> {
             .count();
         self.metrics.set_prepared_claims(completed);
         Ok(())
+    }
+
+    /// Takes the node-wide lock in serialized mode; `None` otherwise.
+    pub(crate) async fn serialize(&self) -> std::io::Result<Option<NodeGuard<'_>>> {
+        match &self.serial {
+            Some(lock) => lock.lock().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     async fn write_checkpoint(&self, changes: Vec<ClaimChange>) -> Result<(), CheckpointError> {
