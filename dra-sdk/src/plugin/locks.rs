@@ -1,5 +1,6 @@
 //! Per-claim serialization: one claim is never prepared or unprepared twice at once, while
-//! different claims proceed in parallel (no node-wide lock).
+//! different claims proceed in parallel. A node-wide lock ([`NodeLock`]) only for drivers that
+//! opt in.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
