@@ -237,3 +237,59 @@ fn semver_versions() {
         AttributeValue::Versions(vec!["1.0.0".into()])
     );
 }
+
+/// The typed standard attributes as derive fields: named explicitly, or all three at once
+/// through `#[dra(flatten)]` of `PciAttributes`.
+#[test]
+fn standard_attributes_as_fields() {
+    use dra_sdk::attributes::{
+        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
+        PciAttributes, PciBusId, PcieRoot,
+    };
+
+    #[derive(DeviceAttributes)]
+    struct Named {
+        #[dra(name = "resource.kubernetes.io/pciBusID")]
+        pci_bus_id: PciBusId,
+        #[dra(name = "resource.kubernetes.io/pcieRoot")]
+        pcie_root: Option<PcieRoot>,
+        #[dra(name = "resource.kubernetes.io/numaNode")]
+        numa_node: Vec<NumaNode>,
+    }
+
+    #[derive(DeviceAttributes)]
+    struct Flattened {
+        model: &'static str,
+        #[dra(flatten)]
+        pci: PciAttributes,
+    }
+
+    let bus_id: PciBusId = "0000:3b:00.0".parse().unwrap();
+    let named = Device::new("gpu-0").with_attributes(&Named {
+        pci_bus_id: bus_id,
+        pcie_root: Some(PcieRoot::new(0, 0x3a)),
+        numa_node: vec![NumaNode::new(1).unwrap()],
+    });
+    let flattened = Device::new("gpu-0").with_attributes(&Flattened {
+        model: "h100",
+        pci: PciAttributes::new(bus_id)
+            .pcie_root(Some(PcieRoot::new(0, 0x3a)))
+            .numa_node(Some(NumaNode::new(1).unwrap()))
+            .numa_node_form(NumaNodeForm::List),
+    });
+    for device in [&named, &flattened] {
+        assert_eq!(
+            device.attributes[PCI_BUS_ID_ATTRIBUTE],
+            AttributeValue::String("0000:3b:00.0".into())
+        );
+        assert_eq!(
+            device.attributes[PCIE_ROOT_ATTRIBUTE],
+            AttributeValue::String("pci0000:3a".into())
+        );
+        assert_eq!(
+            device.attributes[NUMA_NODE_ATTRIBUTE],
+            AttributeValue::Ints(vec![1])
+        );
+    }
+    assert_eq!(flattened.attributes.len(), 4);
+}
