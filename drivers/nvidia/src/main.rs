@@ -2,8 +2,9 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use dra_driver_nvidia::backend::mock::to_profile_yaml;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, prepared_claims};
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, prepared_claims};
 use dra_sdk::plugin::KubeletPlugin;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -27,6 +28,9 @@ async fn main() -> Result<()> {
         .with(filter)
         .init();
     let cli = Cli::parse();
+    if cli.nvidia.print_profile {
+        return print_profile(&cli);
+    }
 
     // Discovery reads sysfs and NVML: blocking work, done before the runtime serves anything.
     // Devices prepared before a restart stay reserved until unprepared.
@@ -64,5 +68,21 @@ async fn main() -> Result<()> {
     kubelet_plugin.run_until_signal().await?;
     // The mock host directory (if temporary) lives until here.
     drop(plugin);
+    Ok(())
+}
+
+/// `--print-profile`: the hardware as a mock profile on stdout.
+fn print_profile(cli: &Cli) -> Result<()> {
+    let backend = backend(&cli.nvidia).context("opening the GPU backend")?;
+    let inventory = backend.inventory().context("reading the hardware")?;
+    let description = format!(
+        "read from {} on node {} by gpu-kubelet-plugin --print-profile",
+        backend.name(),
+        cli.plugin.node_name
+    );
+    print!(
+        "{}",
+        to_profile_yaml(&cli.plugin.node_name, &description, &inventory)
+    );
     Ok(())
 }

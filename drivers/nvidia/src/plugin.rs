@@ -109,6 +109,12 @@ pub struct NvidiaArgs {
     /// removed when the plugin stops.
     #[arg(long, env = "MOCK_HOST_ROOT", requires = "mock_profile")]
     pub mock_host_root: Option<PathBuf>,
+
+    /// Print the hardware the backend reports as a mock profile (YAML, named after
+    /// --node-name) and exit, without contacting the API server. On a GPU node this turns the
+    /// real machine into a --mock-profile file. Read-only.
+    #[arg(long)]
+    pub print_profile: bool,
 }
 
 fn parse_gates(text: &str) -> Result<FeatureGates, String> {
@@ -319,6 +325,15 @@ impl NvidiaPlugin {
     }
 }
 
+/// The backend the flags select: the mock profile, else NVML (feature `nvml`). For
+/// `--print-profile`; [`NvidiaPlugin::from_args`] opens its own.
+pub fn backend(args: &NvidiaArgs) -> Result<Arc<dyn GpuBackend>, SetupError> {
+    match &args.mock_profile {
+        Some(profile) => Ok(Arc::new(MockBackend::from_profile(profile)?)),
+        None => nvml_backend(&args.container_driver_root),
+    }
+}
+
 /// The claims the plugin's checkpoint (`<kubelet plugins dir>/gpu.nvidia.com/checkpoint.json`)
 /// records from before a restart, for [`NvidiaPlugin::from_args_with_prepared`]. A checkpoint
 /// of an earlier boot holds none (the SDK discards it).
@@ -484,6 +499,17 @@ mod tests {
         assert!(prepared_claims(&cli.plugin).unwrap().is_empty());
         // Opening it creates the plugin's directory, as the SDK does at start.
         assert!(dir.path().join(DRIVER_NAME).is_dir());
+    }
+
+    #[test]
+    fn print_profile_writes_a_loadable_profile() {
+        let cli = parse(&["--mock-profile", "dgx-a100", "--print-profile"]).unwrap();
+        assert!(cli.nvidia.print_profile);
+        let inventory = backend(&cli.nvidia).unwrap().inventory().unwrap();
+        let yaml = crate::backend::mock::to_profile_yaml(&cli.plugin.node_name, "", &inventory);
+        let copy = MockBackend::from_yaml("node-1.yaml", &yaml).unwrap();
+        assert_eq!(copy.profile_name(), "node-1");
+        assert_eq!(copy.hardware(), &inventory);
     }
 
     #[test]

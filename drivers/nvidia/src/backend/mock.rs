@@ -811,5 +811,177 @@ fn check_unique(check: &Checker<'_>, gpus: &[GpuInventory]) -> Result<(), Profil
     Ok(())
 }
 
+// ---- writing profiles ------------------------------------------------------------------
+
+/// Writes `inventory` as a hardware profile in the schema above, so that a machine read
+/// through NVML (`gpu-kubelet-plugin --print-profile`) becomes a mock profile holding its
+/// real values. Everything is explicit (UUIDs, indexes, minors, GPU instance IDs); loading
+/// the text with [`MockBackend::from_yaml`] gives the same inventory back, except memory
+/// sizes, which the schema holds in whole MiB.
+///
+/// ```
+/// use dra_driver_nvidia::backend::mock::{MockBackend, to_profile_yaml};
+///
+/// let machine = MockBackend::from_profile("mixed")?;
+/// let yaml = to_profile_yaml("copy", "a copy of mixed", machine.hardware());
+/// let copy = MockBackend::from_yaml("copy.yaml", &yaml)?;
+/// assert_eq!(copy.hardware(), machine.hardware());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn to_profile_yaml(name: &str, description: &str, inventory: &Inventory) -> String {
+    use std::fmt::Write as _;
+    // JSON strings are YAML double-quoted scalars: no escaping rules of our own.
+    let quote = |text: &str| serde_json::to_string(text).unwrap_or_else(|_| "\"\"".into());
+    let mib = |bytes: u64| bytes / (1024 * 1024);
+    let mut out = String::new();
+    // Writing to a String cannot fail; the results are ignored for that reason.
+    let _ = writeln!(
+        out,
+        "# Written by dra-driver-nvidia from what the backend reported."
+    );
+    let _ = writeln!(out, "name: {}", quote(name));
+    let _ = writeln!(out, "description: {}", quote(description));
+    let _ = writeln!(out, "driverVersion: {}", quote(&inventory.driver_version));
+    let _ = writeln!(
+        out,
+        "cudaDriverVersion: {}",
+        quote(&inventory.cuda_driver_version.to_string())
+    );
+
+    // One model (and MIG table) per distinct set of GPU properties, in order of appearance.
+    let model_of = |gpu: &GpuInventory| {
+        (
+            gpu.info.product_name.clone(),
+            gpu.info.brand.clone(),
+            gpu.info.architecture.clone(),
+            gpu.info.cuda_compute_capability,
+            mib(gpu.info.memory_bytes),
+            gpu.info.pci.vendor_id,
+            gpu.info.pci.device_id,
+            gpu.info.pci.subsystem_id,
+            gpu.info.addressing_mode.clone(),
+            gpu.mig_mode.map(|_| gpu.mig_profiles.clone()),
+        )
+    };
+    let mut models: Vec<(String, GpuInventory)> = Vec::new();
+    let mut model_keys = Vec::with_capacity(inventory.gpus.len());
+    for gpu in &inventory.gpus {
+        let key = match models
+            .iter()
+            .find(|(_, seen)| model_of(seen) == model_of(gpu))
+        {
+            Some((key, _)) => key.clone(),
+            None => {
+                let key = format!("model-{}", models.len());
+                models.push((key.clone(), gpu.clone()));
+                key
+            }
+        };
+        model_keys.push(key);
+    }
+    if models.iter().any(|(_, gpu)| gpu.mig_mode.is_some()) {
+        let _ = writeln!(out, "migProfileTables:");
+        for (key, gpu) in models.iter().filter(|(_, gpu)| gpu.mig_mode.is_some()) {
+            let _ = writeln!(out, "  {key}:");
+            if gpu.mig_profiles.is_empty() {
+                let _ = writeln!(out, "    []");
+            }
+            for profile in &gpu.mig_profiles {
+                let starts: Vec<String> = profile
+                    .placements
+                    .iter()
+                    .map(|placement| placement.start.to_string())
+                    .collect();
+                let size = profile
+                    .placements
+                    .first()
+                    .map_or(0, |placement| placement.size);
+                let _ = writeln!(
+                    out,
+                    "    - {{ id: {}, name: {}, sliceCount: {}, maxInstances: {}, memoryMiB: {}, \
+                     multiprocessors: {}, copyEngines: {}, decoders: {}, encoders: {}, \
+                     jpegEngines: {}, ofaEngines: {}, placements: \"{{{}}}:{size}\" }}",
+                    profile.id,
+                    quote(&profile.name),
+                    profile.slice_count,
+                    profile.max_instances,
+                    profile.memory_mib,
+                    profile.engines.multiprocessors,
+                    profile.engines.copy_engines,
+                    profile.engines.decoders,
+                    profile.engines.encoders,
+                    profile.engines.jpeg_engines,
+                    profile.engines.ofa_engines,
+                    starts.join(","),
+                );
+            }
+        }
+    }
+    let _ = writeln!(out, "models:");
+    for (key, gpu) in &models {
+        let info = &gpu.info;
+        let _ = writeln!(out, "  {key}:");
+        let _ = writeln!(out, "    productName: {}", quote(&info.product_name));
+        let _ = writeln!(out, "    brand: {}", quote(&info.brand));
+        let _ = writeln!(out, "    architecture: {}", quote(&info.architecture));
+        let _ = writeln!(
+            out,
+            "    computeCapability: {}",
+            quote(&info.cuda_compute_capability.to_string())
+        );
+        let _ = writeln!(out, "    memoryMiB: {}", mib(info.memory_bytes));
+        let _ = writeln!(out, "    pciDeviceId: \"{:#06x}\"", info.pci.device_id);
+        let _ = writeln!(out, "    pciVendorId: \"{:#06x}\"", info.pci.vendor_id);
+        if let Some(subsystem) = info.pci.subsystem_id {
+            let _ = writeln!(out, "    pciSubsystemId: \"{subsystem:#010x}\"");
+        }
+        if let Some(mode) = &info.addressing_mode {
+            let _ = writeln!(out, "    addressingMode: {}", quote(mode));
+        }
+        if gpu.mig_mode.is_some() {
+            let _ = writeln!(out, "    migProfiles: {key}");
+        }
+    }
+    let _ = writeln!(out, "gpus:");
+    for (gpu, key) in inventory.gpus.iter().zip(&model_keys) {
+        let info = &gpu.info;
+        let _ = writeln!(out, "  - model: {key}");
+        let _ = writeln!(out, "    pciBusId: {}", quote(&info.pci.bus_id));
+        let _ = writeln!(out, "    index: {}", info.index);
+        let _ = writeln!(out, "    minor: {}", info.minor);
+        let _ = writeln!(out, "    uuid: {}", quote(&info.uuid));
+        if let Some(node) = info.numa_node {
+            let _ = writeln!(out, "    numaNode: {node}");
+        }
+        if let Some(root) = &info.pcie_root {
+            let _ = writeln!(out, "    pcieRoot: {}", quote(root));
+        }
+        if let Some(mode) = gpu.mig_mode {
+            let _ = writeln!(
+                out,
+                "    migMode: {{ current: {}, pending: {} }}",
+                mode.current, mode.pending
+            );
+        }
+        if !gpu.mig_devices.is_empty() {
+            let _ = writeln!(out, "    migDevices:");
+            for mig in &gpu.mig_devices {
+                let _ = writeln!(
+                    out,
+                    "      - {{ profile: {}, placement: {}, gpuInstanceId: {}, \
+                     computeInstanceId: {}, uuid: {}, memoryMiB: {} }}",
+                    quote(&mig.profile),
+                    mig.placement.start,
+                    mig.gpu_instance_id,
+                    mig.compute_instance_id,
+                    quote(&mig.uuid),
+                    mib(mig.memory_bytes),
+                );
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

@@ -197,3 +197,14 @@ fn the_trait_serves_the_profile() {
         CudaDriverVersion::new(12, 2)
     );
 }
+
+#[test]
+fn written_profiles_load_back_the_same() {
+    for backend in MockBackend::shipped().unwrap() {
+        let yaml = to_profile_yaml(backend.profile_name(), "round trip", backend.hardware());
+        let again = MockBackend::from_yaml("again.yaml", &yaml)
+            .unwrap_or_else(|error| panic!("{error}\n{yaml}"));
+        assert_eq!(again.hardware(), backend.hardware(), "{yaml}");
+        assert_eq!(again.profile_name(), backend.profile_name());
+    }
+}
