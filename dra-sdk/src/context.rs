@@ -12,7 +12,9 @@
 //!   shuts down;
 //! * [`prepared_claims`](DriverContext::prepared_claims) reads what the checkpoint records as
 //!   prepared, and [`update_driver_state`](DriverContext::update_driver_state) changes a
-//!   prepared claim's typed driver state there.
+//!   prepared claim's typed driver state there;
+//! * [`device_status`](DriverContext::device_status) writes the status of allocated devices
+//!   into their claims (`status.devices`, KEP-4817), at prepare or later.
 //!
 //! ```no_run
 //! use dra_sdk::context::DriverContext;
@@ -70,6 +72,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, PreparedDeviceRecord};
+use crate::device_status::DeviceStatusWriter;
 use crate::driver::{ClaimRef, DriverError, DriverStateError};
 use crate::health::{DeviceHealth, DeviceState, HealthReporter, HealthSource};
 use crate::plugin::locks::ClaimLocks;
@@ -113,6 +116,9 @@ pub enum ContextError {
     /// The checkpoint could not be read or written.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
+    /// The context belongs to no running plugin with an API client.
+    #[error("this context has no API client: it is not attached to a running plugin")]
+    NoApiClient,
 }
 
 impl From<ContextError> for DriverError {
@@ -195,6 +201,8 @@ struct Inner {
     health: HealthReporter,
     health_source: HealthSource,
     slices: Mutex<Slices>,
+    /// The claim status writer, set once the plugin has its API client.
+    device_status: std::sync::OnceLock<Arc<DeviceStatusWriter>>,
 }
 
 /// What the ResourceSlices are made of: the driver's devices and the taints of their states.
@@ -273,6 +281,7 @@ impl DriverContext {
                     base: initial,
                     ..Slices::default()
                 }),
+                device_status: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -482,6 +491,35 @@ impl DriverContext {
     /// were given or published.
     pub(crate) fn initial_resources(&self) -> Option<DriverResources> {
         self.slices().merged()
+    }
+
+    /// Gives the context the plugin's API client, for [`device_status`](Self::device_status).
+    pub(crate) fn attach_client(&self, client: kube::Client) {
+        let writer = DeviceStatusWriter::new(client, self.inner.driver_name.clone());
+        // Attached once, at start; a second call would carry the same client.
+        let _ = self.inner.device_status.set(Arc::new(writer));
+    }
+
+    /// The writer of this driver's entries in claims' `status.devices` (KEP-4817): one
+    /// server-side apply per claim per change, the driver name as field manager, other drivers'
+    /// entries kept. Call [`DeviceStatusWriter::clear`] when a claim is unprepared. Needs the
+    /// RBAC in [`crate::device_status`]; a refusal leaves the claim prepared.
+    ///
+    /// ```no_run
+    /// # async fn demo(ctx: dra_sdk::context::DriverContext, claim: dra_sdk::driver::ClaimRef)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use dra_sdk::device_status::DeviceStatus;
+    ///
+    /// let status = DeviceStatus::new("node-1", "eth1").ready("Configured", "link up");
+    /// ctx.device_status()?.apply(&claim, &[status]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn device_status(&self) -> Result<Arc<DeviceStatusWriter>, ContextError> {
+        self.inner
+            .device_status
+            .get()
+            .cloned()
+            .ok_or(ContextError::NoApiClient)
     }
 
     /// Connects the running publisher; anything published since

@@ -12,6 +12,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
+mod driver_common;
+
 const DRIVER: &str = "net.example.com";
 
 async fn setup() -> (FakeApiServer, ClaimRef) {
@@ -234,4 +236,48 @@ async fn a_replaced_or_deleted_claim_is_not_written() {
         .delete::<ResourceClaim>(Some("default"), "nic")
         .unwrap();
     writer.clear(&claim).await.unwrap();
+}
+
+/// The handle from the runtime context: a plugin in the test cluster writes the status of a
+/// claim it prepared, through the plugin's own client, and removes it again.
+#[tokio::test]
+async fn the_driver_context_hands_out_a_writer() {
+    use dra_sdk::testing::cluster::{NewClaim, TestCluster};
+    use driver_common::{DRIVER as GPU_DRIVER, GpuDriver, gpus};
+
+    let running = TestCluster::start_with(GpuDriver::default(), GPU_DRIVER, gpus(1))
+        .await
+        .unwrap();
+    let cluster = running.cluster();
+    cluster
+        .create_claim(NewClaim::new("default", "gpu").request("gpu", GPU_DRIVER))
+        .await
+        .unwrap();
+    let claim = cluster.allocate("default", "gpu").await.unwrap();
+    let prepared = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
+
+    let writer = running.plugin().context().device_status().unwrap();
+    let pool = dra_sdk::testing::cluster::NODE_NAME;
+    let status = DeviceStatus::new(pool, "gpu-0").ready("Prepared", "ready for the pod");
+    assert!(writer.apply(&claim, &[status]).await.unwrap());
+    let stored: ResourceClaim = cluster.api().get(Some("default"), "gpu").unwrap().unwrap();
+    let devices = serde_json::to_value(stored.status.unwrap().devices.unwrap()).unwrap();
+    assert_eq!(devices[0]["driver"], GPU_DRIVER);
+    assert_eq!(devices[0]["conditions"][0]["reason"], "Prepared");
+
+    writer.clear(&claim).await.unwrap();
+    let stored: ResourceClaim = cluster.api().get(Some("default"), "gpu").unwrap().unwrap();
+    assert!(
+        stored
+            .status
+            .unwrap()
+            .devices
+            .unwrap_or_default()
+            .is_empty()
+    );
 }

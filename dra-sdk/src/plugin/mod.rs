@@ -435,6 +435,7 @@ impl<D: Driver> PluginBuilder<D> {
             locks.clone(),
             self.resources,
         );
+        context.attach_client(self.client.clone());
         let serial = if self.serialize_operations {
             let path = data_dir.join("operations.lock");
             Some(
