@@ -6,24 +6,28 @@
 //! ValidatingAdmissionPolicy denies it any write to another node's or another driver's slice,
 //! and any write with a token that names no node. Needs `HELM` and `DRA_E2E_K8S_BIN`.
 
+/// The chart checks on a real API server every driver's chart e2e test shares.
+#[path = "../../../test-support/chart_e2e.rs"]
+mod shared_e2e;
 mod support;
+use support::shared; // what `shared_e2e` builds on
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use dra_sdk::testing::e2e::workload::{self, ClaimSource};
 use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
-use serde_json::{Value, json};
-use support::chart::{describe, helm_or_skip, render};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::Value;
+use shared_e2e::{
+    TIMEOUT, apply_strictly, client_from, holder_pod, request_token, slice, token_kubeconfig,
+    write_denied,
+};
+use support::chart::{helm_or_skip, render};
 
 const RELEASE: &str = "mock-gpu";
 const DRIVER: &str = "gpu.example.com";
-const TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
@@ -176,128 +180,6 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     plugin.stop();
 }
 
-/// Server-side apply of each object with `fieldValidation=Strict`, which fails on any field
-/// the server does not know; a control object with a misspelled field must fail.
-async fn apply_strictly(client: &kube::Client, documents: &[Value]) {
-    let params = PatchParams::apply("dra-sdk-chart-e2e").validation_strict();
-    for document in documents {
-        let (api, name) = dynamic_api(client, document).await;
-        api.patch(&name, &params, &Patch::Apply(document))
-            .await
-            .unwrap_or_else(|error| panic!("{}: {error}", describe(document)));
-    }
-    let mut bad = documents
-        .iter()
-        .find(|d| d["kind"] == "DeviceClass")
-        .unwrap()
-        .clone();
-    bad["spec"]["selector"] = json!([]);
-    let (api, name) = dynamic_api(client, &bad).await;
-    let error = api
-        .patch(&name, &params, &Patch::Apply(&bad))
-        .await
-        .unwrap_err();
-    assert!(error.to_string().contains("selector"), "{error}");
-}
-
-async fn dynamic_api(client: &kube::Client, document: &Value) -> (Api<DynamicObject>, String) {
-    let api_version = document["apiVersion"].as_str().unwrap();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, document["kind"].as_str().unwrap());
-    let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk).await.unwrap();
-    let name = document["metadata"]["name"].as_str().unwrap().to_owned();
-    let api = match (
-        capabilities.scope,
-        document["metadata"]["namespace"].as_str(),
-    ) {
-        (kube::discovery::Scope::Namespaced, Some(namespace)) => {
-            Api::namespaced_with(client.clone(), namespace, &resource)
-        }
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    (api, name)
-}
-
-/// A pod of `service_account` bound to `node` (no scheduler involved), to bind a token to.
-async fn holder_pod(
-    client: &kube::Client,
-    namespace: &str,
-    service_account: &str,
-    node: &str,
-) -> Pod {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": { "name": format!("token-holder-{node}"), "namespace": namespace },
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": service_account,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [{ "name": "pause", "image": workload::POD_IMAGE }],
-        },
-    }))
-    .unwrap();
-    Api::<Pod>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap()
-}
-
-/// A token of the ServiceAccount from the TokenRequest API, bound to `pod` if given.
-async fn request_token(
-    client: &kube::Client,
-    namespace: &str,
-    service_account: &str,
-    pod: Option<&Pod>,
-) -> String {
-    // Through JSON: the spec's fields differ between Kubernetes releases of the types.
-    let mut spec = json!({ "expirationSeconds": 3600 });
-    if let Some(pod) = pod {
-        spec["boundObjectRef"] = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "name": pod.metadata.name, "uid": pod.metadata.uid,
-        });
-    }
-    let request: TokenRequest = serde_json::from_value(
-        json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec }),
-    )
-    .unwrap();
-    let answer = Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(service_account, &PostParams::default(), &request)
-        .await
-        .unwrap();
-    serde_json::to_value(answer).unwrap()["status"]["token"]
-        .as_str()
-        .expect("a token in the TokenRequest's status")
-        .to_owned()
-}
-
-/// A kubeconfig for the cluster that authenticates with `token`.
-fn token_kubeconfig(cluster: &RealCluster, token: &str, name: &str) -> PathBuf {
-    let admin: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(cluster.kubeconfig()).unwrap()).unwrap();
-    let cluster_entry = serde_json::to_string(&admin["clusters"][0]["cluster"]).unwrap();
-    let path = cluster.path().join(format!("{name}.kubeconfig"));
-    // JSON is YAML: no escaping to get wrong.
-    let text = format!(
-        r#"{{"apiVersion": "v1", "kind": "Config",
-  "clusters": [{{"name": "e2e", "cluster": {cluster_entry}}}],
-  "users": [{{"name": "{name}", "user": {{"token": "{token}"}}}}],
-  "contexts": [{{"name": "e2e", "context": {{"cluster": "e2e", "user": "{name}"}}}}],
-  "current-context": "e2e"}}"#
-    );
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-async fn client_from(kubeconfig: &Path) -> kube::Client {
-    let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    kube::Client::try_from(config).unwrap()
-}
-
 fn spawn_plugin(
     cluster: &RealCluster,
     name: &str,
@@ -334,60 +216,5 @@ async fn wait_for_slices(
     node: &str,
     done: impl Fn(&[ResourceSlice]) -> bool,
 ) -> Result<Vec<ResourceSlice>, String> {
-    let api = Api::<ResourceSlice>::all(client.clone());
-    let params =
-        ListParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        let slices = api.list(&params).await.map_err(|e| e.to_string())?.items;
-        if done(&slices) {
-            return Ok(slices);
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} slices of {node}, not the expected ones",
-                slices.len()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn slice(name: &str, node: &str, driver: &str) -> ResourceSlice {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": { "name": name },
-        "spec": {
-            "driver": driver, "nodeName": node,
-            "pool": { "name": node, "generation": 1, "resourceSliceCount": 1 },
-            "devices": [{ "name": "gpu-x" }],
-        },
-    }))
-    .unwrap()
-}
-
-/// Creates `slice` as `client` and returns the API server's refusal. The policy takes effect
-/// a moment after it is created: a write that got through before is undone and retried.
-async fn write_denied(client: &kube::Client, admin: &kube::Client, slice: ResourceSlice) -> String {
-    let name = slice.metadata.name.clone().unwrap();
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match Api::<ResourceSlice>::all(client.clone())
-            .create(&PostParams::default(), &slice)
-            .await
-        {
-            Err(error) => return error.to_string(),
-            Ok(_) => {
-                Api::<ResourceSlice>::all(admin.clone())
-                    .delete(&name, &DeleteParams::default())
-                    .await
-                    .unwrap();
-                assert!(
-                    Instant::now() < deadline,
-                    "writing slice {name} was never denied"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
+    shared_e2e::wait_for_slices(client, DRIVER, node, done).await
 }

@@ -1,0 +1,204 @@
+//! The Helm chart on a real v1.36.2 API server (the SDK's e2e harness): every object `helm
+//! template` renders with `ci/upstream-guide-values.yaml` and with `ci/mock-values.yaml` is
+//! accepted by a server-side apply with strict field validation; then `gpu-kubelet-plugin
+//! --mock-profile dgx-h100` runs with a token of the chart's ServiceAccount bound to a pod on
+//! its node, as the kubelet would mount it: it publishes its node's slices (owned by the Node,
+//! so `get` on nodes was allowed), registers, and prepares a claim of the chart's
+//! `gpu.nvidia.com` DeviceClass for a pod (`get` on resourceclaims), while the chart's
+//! ValidatingAdmissionPolicy denies it any write to another node's or another driver's slice.
+//! Needs `HELM` and `DRA_E2E_K8S_BIN`; skips without them unless `HELM_REQUIRED=1` or
+//! `DRA_E2E_REQUIRED=1`.
+
+#[path = "../../../test-support/chart.rs"]
+mod shared;
+#[path = "../../../test-support/chart_e2e.rs"]
+mod shared_e2e;
+
+use std::path::{Path, PathBuf};
+
+use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
+use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::Value;
+use shared::{helm_or_skip, render_chart};
+use shared_e2e::{
+    TIMEOUT, apply_strictly, client_from, holder_pod, request_token, slice, token_kubeconfig,
+    wait_for_slices, write_denied,
+};
+
+const RELEASE: &str = "nvidia-dra";
+/// GPUs of the dgx-h100 mock profile.
+const PROFILE_GPUS: usize = 8;
+
+fn chart_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/dra-driver-nvidia-gpu")
+}
+
+/// The chart with `values` (a file of `ci/`), its DaemonSet kept off every node: its pods
+/// would need the image, and its host paths would be this machine's. The plugin runs as a
+/// process below, with the pod's identity.
+fn render(helm: &Path, namespace: &str, values: &str) -> Vec<Value> {
+    let values = chart_dir().join("ci").join(values).display().to_string();
+    render_chart(
+        helm,
+        &chart_dir(),
+        RELEASE,
+        namespace,
+        &[
+            "-f",
+            &values,
+            "--set",
+            "kubeletPlugin.nodeSelector.dra-sdk\\.dev/chart-e2e=never",
+        ],
+    )
+    .unwrap_or_else(|error| panic!("helm template with {values}: {error}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
+    let Some(helm) = helm_or_skip() else { return };
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let cluster = RealCluster::builder(binaries)
+        .nodes(["node-1", "node-2"])
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
+    let admin = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("nvidia-chart").await.unwrap();
+
+    // An upstream-guide-style install applies strictly; the mock install then replaces it
+    // (same release, same object names).
+    apply_strictly(
+        &admin,
+        &render(&helm, &namespace, "upstream-guide-values.yaml"),
+    )
+    .await;
+    let documents = render(&helm, &namespace, "mock-values.yaml");
+    apply_strictly(&admin, &documents).await;
+    let service_account = documents
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_owned();
+
+    // A token for the ServiceAccount bound to a pod on node-1, like the one the kubelet mounts
+    // into the plugin's pod: it names the node.
+    let holder = holder_pod(&admin, &namespace, &service_account, "node-1").await;
+    let bound = request_token(&admin, &namespace, &service_account, Some(&holder)).await;
+    let kubeconfig = token_kubeconfig(&cluster, &bound, "gpu-plugin-node-1");
+    let node = cluster.node("node-1").unwrap();
+
+    let mut plugin = spawn_plugin(&cluster, &kubeconfig);
+    let slices = wait_for_slices(&admin, DRIVER_NAME, "node-1", |s| {
+        s.iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            // Full GPUs are `gpu-<minor>`; MIG and VFIO devices have longer names.
+            .filter(|d| {
+                d.name
+                    .strip_prefix("gpu-")
+                    .is_some_and(|minor| minor.parse::<u32>().is_ok())
+            })
+            .count()
+            >= PROFILE_GPUS
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    // The owner reference needs the Node's UID: `get` on nodes was allowed.
+    for slice in &slices {
+        let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Node", "node-1")
+        );
+    }
+    node.wait_for_registration(DRIVER_NAME, 0, TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+
+    // A pod with a claim of the chart's gpu.nvidia.com DeviceClass: the plugin reads the
+    // claim (get) and prepares it.
+    let template =
+        workload::claim_template(&namespace, "one-gpu", GPU_DEVICE_CLASS, Value::Null, None)
+            .unwrap();
+    Api::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let pod = workload::pod_using(
+        &namespace,
+        "uses-a-gpu",
+        "node-1",
+        &ClaimSource::Template("one-gpu".into()),
+        &["ctr"],
+    );
+    Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    workload::wait_for_pod_running(&admin, &namespace, "uses-a-gpu", TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+
+    // The policy: the same token may not write node-2's slices or another driver's.
+    let as_plugin = client_from(&kubeconfig).await;
+    let denied = write_denied(
+        &as_plugin,
+        &admin,
+        slice("other-node", "node-2", DRIVER_NAME),
+    )
+    .await;
+    assert!(
+        denied.contains("may only write ResourceSlices of its own node"),
+        "{denied}"
+    );
+    let denied = write_denied(
+        &as_plugin,
+        &admin,
+        slice("other-driver", "node-1", "x.example.com"),
+    )
+    .await;
+    assert!(denied.contains("of driver gpu.nvidia.com"), "{denied}");
+
+    workload::delete_pods(&admin, &namespace, &["uses-a-gpu"], TIMEOUT)
+        .await
+        .unwrap();
+    plugin.stop();
+}
+
+/// `gpu-kubelet-plugin --mock-profile dgx-h100` for node-1, with the kubelet directories of
+/// the e2e node and its mock host files in the cluster's folder.
+fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path) -> ManagedProcess {
+    let node = cluster.node("node-1").unwrap();
+    let args: Vec<String> = vec![
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--node-name".into(),
+        node.name().into(),
+        "--mock-profile".into(),
+        "dgx-h100".into(),
+        "--mock-host-root".into(),
+        cluster
+            .path()
+            .join("mock-host-node-1")
+            .display()
+            .to_string(),
+        "--kubelet-registrar-directory-path".into(),
+        node.registrar_dir().display().to_string(),
+        "--kubelet-plugins-directory-path".into(),
+        node.plugins_dir().display().to_string(),
+        "--cdi-root".into(),
+        node.cdi_root().display().to_string(),
+    ];
+    cluster
+        .spawn_program(
+            "gpu-plugin",
+            Path::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")),
+            &args,
+        )
+        .unwrap()
+}
