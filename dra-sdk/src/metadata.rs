@@ -21,6 +21,37 @@
 //! `<request>` in paths is the base request; the object names the allocated subrequest
 //! (`gpu/high-memory`) where the claim used a prioritized list.
 //!
+//! # In a driver
+//!
+//! The plugin does not call the writer by itself yet; a driver opts in with three calls:
+//! [`write_claim`](MetadataWriter::write_claim) in `prepare` (adding each request's CDI device
+//! to its prepared devices), [`remove_claim`](MetadataWriter::remove_claim) in `unprepare` and
+//! `rollback`, and [`remove_orphans`](MetadataWriter::remove_orphans) in `start` with the
+//! prepared claims of the checkpoint.
+//!
+//! ```no_run
+//! use dra_sdk::driver::{Claim, PreparedClaim, PreparedDevice, DriverError};
+//! use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+//!
+//! fn prepare_with_metadata(
+//!     writer: &MetadataWriter,
+//!     ctx: &dra_sdk::context::DriverContext,
+//!     claim: &Claim<()>,
+//!     mut prepared: PreparedClaim,
+//! ) -> Result<PreparedClaim, DriverError> {
+//!     let identity = MetadataClaim::from_resource_claim(&claim.resource_claim).map_err(DriverError::other)?;
+//!     let devices = MetadataDevice::for_claim(claim, ctx.resources().as_ref());
+//!     let written = writer.write_claim(&identity, &devices).map_err(DriverError::other)?;
+//!     prepared.devices = prepared.devices.into_iter().map(|device: PreparedDevice| {
+//!         match written.cdi_device_ids.get(&device.request) {
+//!             Some(id) => device.with_cdi_device_id(id.clone()),
+//!             None => device,
+//!         }
+//!     }).collect();
+//!     Ok(prepared)
+//! }
+//! ```
+//!
 //! ```
 //! use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 //!
@@ -302,6 +333,34 @@ impl MetadataDevice {
     pub fn network_data(mut self, data: NetworkData) -> Self {
         self.network_data = Some(data);
         self
+    }
+
+    /// One entry per allocated device of `claim`, named by request (and subrequest), with the
+    /// attributes the device is published with in `resources` (usually
+    /// [`DriverContext::resources`](crate::context::DriverContext::resources)), so containers
+    /// see what the scheduler matched.
+    pub fn for_claim<C>(
+        claim: &crate::driver::Claim<C>,
+        resources: Option<&crate::slices::DriverResources>,
+    ) -> Vec<Self> {
+        claim
+            .devices
+            .iter()
+            .map(|allocated| {
+                let request = match &allocated.subrequest {
+                    Some(sub) => format!("{}/{sub}", allocated.request),
+                    None => allocated.request.clone(),
+                };
+                let metadata = Self::new(request, &allocated.pool, &allocated.device);
+                let published = resources
+                    .and_then(|r| r.pools.get(&allocated.pool))
+                    .and_then(|pool| pool.devices.iter().find(|d| d.name == allocated.device));
+                match published {
+                    Some(device) => metadata.attributes_of(device),
+                    None => metadata,
+                }
+            })
+            .collect()
     }
 }
 

@@ -1,0 +1,138 @@
+//! KEP-5304 device metadata from a driver, through the test cluster and the simulated kubelet:
+//! prepare writes the metadata file and its CDI spec and hands the kubelet the spec's CDI
+//! device next to the device's own; unprepare removes both.
+#![cfg(feature = "testing")]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use dra_sdk::cdi::{ContainerEdits, Spec};
+use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::context::DriverContext;
+use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+use dra_sdk::slices::{Device, DriverResources};
+use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use serde_json::json;
+
+const DRIVER: &str = "meta.example.com";
+
+struct MetadataDriver {
+    writer: MetadataWriter,
+    ctx: OnceLock<DriverContext>,
+}
+
+#[async_trait::async_trait]
+impl Driver for MetadataDriver {
+    type Config = ();
+
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        let prepared = ctx.prepared_claims().await.map_err(DriverError::other)?;
+        self.writer
+            .remove_orphans(|uid| prepared.iter().any(|c| c.claim.uid == uid))
+            .map_err(DriverError::other)?;
+        let _ = self.ctx.set(ctx.clone());
+        Ok(())
+    }
+
+    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+        let identity = MetadataClaim::from_resource_claim(&claim.resource_claim)
+            .map_err(DriverError::other)?;
+        let resources = self.ctx.get().and_then(DriverContext::resources);
+        let devices = MetadataDevice::for_claim(claim, resources.as_ref());
+        let written = self
+            .writer
+            .write_claim(&identity, &devices)
+            .map_err(DriverError::other)?;
+        let prepared = claim
+            .devices
+            .iter()
+            .map(|device| {
+                let edits = ContainerEdits::new().env("DEVICE", &device.device);
+                let prepared = PreparedDevice::new(device, edits);
+                match written.cdi_device_ids.get(&device.request) {
+                    Some(id) => prepared.with_cdi_device_id(id.clone()),
+                    None => prepared,
+                }
+            })
+            .collect();
+        Ok(PreparedClaim::new(prepared))
+    }
+
+    async fn unprepare(&self, claim: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+        let identity = MetadataClaim::new(&claim.namespace, &claim.name, &claim.uid);
+        self.writer
+            .remove_claim(&identity)
+            .map_err(DriverError::other)
+    }
+}
+
+#[tokio::test]
+async fn prepare_writes_metadata_and_unprepare_removes_it() {
+    let host = tempfile::tempdir().unwrap();
+    // The writer is built before the cluster exists, so its CDI specs go to a directory of
+    // the test's (a real driver passes its --cdi-root).
+    let cdi = tempfile::tempdir().unwrap();
+    let driver = MetadataDriver {
+        writer: MetadataWriter::new(DRIVER, host.path(), cdi.path()),
+        ctx: OnceLock::new(),
+    };
+    let resources = DriverResources::single_pool(
+        NODE_NAME,
+        vec![
+            Device::new("nic-0")
+                .attribute("model", "x710")
+                .attribute("resource.kubernetes.io/pciBusID", "0000:3b:00.0"),
+        ],
+    );
+    let running = TestCluster::start_with(driver, DRIVER, resources)
+        .await
+        .unwrap();
+    let cluster = running.cluster();
+    cluster
+        .create_claim(NewClaim::new("default", "nic").request("net", DRIVER))
+        .await
+        .unwrap();
+    let claim = cluster.allocate("default", "nic").await.unwrap();
+
+    let outcome = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let devices = outcome[&claim.uid].as_ref().unwrap();
+    let metadata_id = format!("{DRIVER}/metadata={}_net", claim.uid);
+    assert_eq!(devices[0].cdi_device_ids.len(), 2, "{devices:?}");
+    assert_eq!(devices[0].cdi_device_ids[1], metadata_id);
+
+    let spec_path: PathBuf = cdi
+        .path()
+        .join(format!("{DRIVER}_metadata_{}_net.json", claim.uid));
+    let spec = Spec::read_file(&spec_path).unwrap();
+    let mount = &spec.devices[0].container_edits.mounts[0];
+    assert_eq!(
+        mount.container_path,
+        format!(
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/nic/net/{DRIVER}-metadata.json"
+        )
+    );
+    let file: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&mount.host_path).unwrap()).unwrap();
+    assert_eq!(file["metadata"]["uid"], claim.uid.as_str());
+    assert_eq!(
+        file["requests"][0]["devices"][0]["attributes"],
+        json!({
+            "model": {"string": "x710"},
+            "resource.kubernetes.io/pciBusID": {"string": "0000:3b:00.0"},
+        })
+    );
+
+    let unprepared = running
+        .kubelet()
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(unprepared[&claim.uid].is_ok());
+    assert!(!spec_path.exists());
+    assert!(!std::path::Path::new(&mount.host_path).exists());
+}
