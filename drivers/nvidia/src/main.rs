@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use dra_driver_nvidia::backend::mock::to_profile_yaml;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, prepared_claims};
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, cdi_kind, prepared_claims};
 use dra_sdk::plugin::KubeletPlugin;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -60,6 +60,7 @@ async fn main() -> Result<()> {
     let kubelet_plugin =
         KubeletPlugin::builder(plugin.driver.clone(), DRIVER_NAME, &node_name, client)
             .args(&cli.plugin)?
+            .cdi_kind(cdi_kind().context("the CDI kind")?)
             .resources(resources)
             .start()
             .await

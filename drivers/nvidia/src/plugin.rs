@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use dra_sdk::cdi::{CdiError, Kind};
 use dra_sdk::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, current_boot_id};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::slices::DriverResources;
@@ -323,6 +324,30 @@ impl NvidiaPlugin {
     pub fn resources(&self, node_name: &str) -> DriverResources {
         self.discovery.resources(node_name)
     }
+}
+
+/// Vendor of the CDI kind of the plugin's specs: upstream's (`drivers.md` A.5).
+pub const CDI_VENDOR: &str = "k8s.gpu.nvidia.com";
+
+/// Class of the CDI kind of the plugin's specs: upstream's `claim` (one transient spec per
+/// claim).
+pub const CDI_CLASS: &str = "claim";
+
+/// The CDI kind of the specs the plugin writes, `k8s.gpu.nvidia.com/claim` as upstream's, so
+/// that the CDI device names (`k8s.gpu.nvidia.com/claim=<claimUID>-<device>`) and spec files
+/// (`k8s.gpu.nvidia.com-claim_<claimUID>.yaml`) are those upstream's tools and guides show.
+/// The SDK's default would be `k8s.gpu.nvidia.com/gpu`.
+///
+/// ```
+/// assert_eq!(dra_driver_nvidia::plugin::cdi_kind()?.to_string(), "k8s.gpu.nvidia.com/claim");
+/// # Ok::<(), dra_sdk::cdi::CdiError>(())
+/// ```
+///
+/// # Errors
+///
+/// Never: both parts are valid CDI names (the SDK validates every kind it builds).
+pub fn cdi_kind() -> Result<Kind, CdiError> {
+    Kind::new(CDI_VENDOR, CDI_CLASS)
 }
 
 /// The backend the flags select: the mock profile, else NVML (feature `nvml`). For

@@ -1,0 +1,324 @@
+//! `gpu-kubelet-plugin`, the binary operators run, with mock profiles against real
+//! Kubernetes v1.36 components: the real kubelet registers it, the real scheduler allocates
+//! from its ResourceSlices, the kubelet prepares and hands the CDI device names to the CRI
+//! (a double that logs them). Skipped, with one line saying so, without `DRA_E2E_K8S_BIN`
+//! (see `dra_sdk::testing::e2e`).
+//!
+//! One cluster of two nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
+//! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs).
+
+use std::path::Path;
+use std::time::Duration;
+
+use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
+use dra_sdk::testing::e2e::suite::E2eSuite;
+use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::{KubeletNode, ManagedProcess, RealCluster, binaries_or_skip};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::json;
+use tokio::sync::OnceCell;
+
+const A100_NODE: &str = "node-a100";
+const H100_NODE: &str = "node-h100";
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The CEL of the suite's DeviceClass narrowing, by device type.
+fn of_type(device_type: &str) -> String {
+    format!("device.attributes['{DRIVER_NAME}'].type == '{device_type}'")
+}
+
+/// The cluster with one plugin per node, started once for every test of this binary.
+struct Fixture {
+    cluster: RealCluster,
+    // Kept for their lifetime: the plugins stop with the test process (parent-death signal).
+    _plugins: Vec<ManagedProcess>,
+}
+
+static FIXTURE: OnceCell<Fixture> = OnceCell::const_new();
+
+async fn fixture() -> Option<&'static Fixture> {
+    let binaries = binaries_or_skip()?;
+    Some(
+        FIXTURE
+            .get_or_init(|| async {
+                let cluster = RealCluster::builder(binaries)
+                    .nodes([A100_NODE, H100_NODE])
+                    .start()
+                    .await
+                    .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
+                let mut plugins = Vec::new();
+                for (node, profile) in [(A100_NODE, "dgx-a100"), (H100_NODE, "dgx-h100")] {
+                    let node = cluster.node(node).unwrap();
+                    let plugin = spawn_plugin(&cluster, node, profile);
+                    node.wait_for_registration(DRIVER_NAME, 0, Duration::from_secs(60))
+                        .await
+                        .unwrap_or_else(|error| {
+                            panic!("{error}; plugin log:\n{}", plugin.log_tail(30))
+                        });
+                    plugins.push(plugin);
+                }
+                Fixture {
+                    cluster,
+                    _plugins: plugins,
+                }
+            })
+            .await,
+    )
+}
+
+/// Starts `gpu-kubelet-plugin --mock-profile <profile>` for `node`, with the node's kubelet
+/// directories and CDI root and its own mock host tree.
+fn spawn_plugin(cluster: &RealCluster, node: &KubeletNode, profile: &str) -> ManagedProcess {
+    let host_root = node.root_dir().join("mock-host");
+    let args: Vec<String> = [
+        "--kubeconfig",
+        &cluster.kubeconfig().display().to_string(),
+        "--node-name",
+        node.name(),
+        "--mock-profile",
+        profile,
+        "--mock-host-root",
+        &host_root.display().to_string(),
+        "--kubelet-registrar-directory-path",
+        &node.registrar_dir().display().to_string(),
+        "--kubelet-plugins-directory-path",
+        &node.plugins_dir().display().to_string(),
+        "--cdi-root",
+        &node.cdi_root().display().to_string(),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    cluster
+        .spawn_program(
+            &format!("gpu-kubelet-plugin-{}", node.name()),
+            Path::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")),
+            &args,
+        )
+        .unwrap()
+}
+
+/// The suite on the DGX A100 node, with MIG devices: the bad config is a `GpuConfig` naming a
+/// request that got a MIG device, which the driver refuses for that claim alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dgx_a100_mig_devices_pass_the_e2e_suite() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let report = E2eSuite::new(&fixture.cluster, A100_NODE, DRIVER_NAME)
+        .device_selector(of_type("mig"))
+        .bad_config(
+            json!({ "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig" }),
+            "GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device",
+        )
+        .timeout(TIMEOUT)
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_all_passed();
+}
+
+/// The suite on the DGX H100 node, with full GPUs: the bad config is a `MigDeviceConfig` on a
+/// full GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dgx_h100_full_gpus_pass_the_e2e_suite() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let report = E2eSuite::new(&fixture.cluster, H100_NODE, DRIVER_NAME)
+        .device_selector(of_type("gpu"))
+        .bad_config(
+            json!({ "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig" }),
+            "MigDeviceConfig (resource.nvidia.com/v1beta1) cannot configure GPU",
+        )
+        .timeout(TIMEOUT)
+        .run()
+        .await
+        .unwrap();
+    println!("{report}");
+    report.assert_all_passed();
+}
+
+/// What an operator does after installing the driver: the crate's DeviceClasses, claim
+/// templates selecting by CEL (a full GPU by product name, a MIG device by profile), one pod
+/// each. The real scheduler allocates, the real kubelet prepares, and the CRI gets
+/// `k8s.gpu.nvidia.com/claim=<claimUID>-<device>` for exactly the allocated device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let cluster = &fixture.cluster;
+    let node = cluster.node(A100_NODE).unwrap();
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("nvidia").await.unwrap();
+
+    let classes = Api::<DeviceClass>::all(client.clone());
+    for class in device_classes() {
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            // Another test of this binary created it first.
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating DeviceClass: {error}"),
+        }
+    }
+
+    let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
+    let full_gpu = workload::claim_template(
+        &namespace,
+        "full-a100",
+        "gpu.nvidia.com",
+        json!({ "selectors": [{ "cel": { "expression":
+            "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-80GB'" } }] }),
+        None,
+    )
+    .unwrap();
+    let mig = workload::claim_template(
+        &namespace,
+        "mig-1g10gb",
+        "mig.nvidia.com",
+        json!({ "selectors": [{ "cel": { "expression":
+            "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'" } }] }),
+        // The MIG device's own config kind, named explicitly: accepted.
+        Some(json!([{
+            "requests": ["dev"],
+            "opaque": {
+                "driver": DRIVER_NAME,
+                "parameters": { "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig" },
+            },
+        }])),
+    )
+    .unwrap();
+    for template in [&full_gpu, &mig] {
+        templates
+            .create(&PostParams::default(), template)
+            .await
+            .unwrap();
+    }
+
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    for (pod, template) in [("trainer", "full-a100"), ("notebook", "mig-1g10gb")] {
+        let spec = workload::pod_using(
+            &namespace,
+            pod,
+            A100_NODE,
+            &ClaimSource::Template(template.to_owned()),
+            &["main"],
+        );
+        pods.create(&PostParams::default(), &spec).await.unwrap();
+    }
+
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &namespace);
+    for (pod, device_prefix, not_mig) in [("trainer", "gpu-", true), ("notebook", "gpu-", false)] {
+        workload::wait_for_pod_running(&client, &namespace, pod, TIMEOUT)
+            .await
+            .unwrap();
+        let cdi = node
+            .cri_log()
+            .wait_for_container(&format!("{namespace}/{pod}"), "main", TIMEOUT)
+            .await
+            .unwrap();
+        let (uid, device) = allocated_device(&claims, pod).await;
+        assert!(device.starts_with(device_prefix), "{pod}: {device}");
+        assert_eq!(!device.contains("-mig-"), not_mig, "{pod} got {device}");
+        if !not_mig {
+            assert!(device.contains("-mig-1g10gb-"), "{pod} got {device}");
+        } else {
+            // GPUs 0-2 are in MIG mode on this profile: only 3-7 are whole.
+            assert!(
+                ["gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"].contains(&device.as_str()),
+                "{pod} got {device}"
+            );
+        }
+        let expected = format!("k8s.gpu.nvidia.com/claim={uid}-{device}");
+        assert!(
+            cdi.contains(&expected),
+            "{pod}: the CRI got {cdi:?}, expected {expected} among them"
+        );
+        assert!(
+            cdi.iter()
+                .all(|name| name.starts_with("k8s.gpu.nvidia.com/claim=")),
+            "{pod}: {cdi:?}"
+        );
+        // The spec file has upstream's name.
+        let spec = node
+            .cdi_root()
+            .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"));
+        assert!(
+            spec.exists() || spec.with_extension("json").exists(),
+            "{pod}: no CDI spec {} (CDI root holds {:?})",
+            spec.display(),
+            std::fs::read_dir(node.cdi_root())
+                .map(|dir| dir
+                    .flatten()
+                    .map(|entry| entry.file_name())
+                    .collect::<Vec<_>>())
+                .unwrap_or_default()
+        );
+    }
+
+    // Deleting the pods unprepares: their spec files go.
+    let uids: Vec<String> = claims
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|claim| claim.metadata.uid)
+        .collect();
+    workload::delete_pods(&client, &namespace, &["trainer", "notebook"], TIMEOUT)
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let left: Vec<&String> = uids
+            .iter()
+            .filter(|uid| {
+                node.cdi_root()
+                    .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"))
+                    .exists()
+            })
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "CDI specs left after the pods went: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The UID of the claim made for `pod` from its template, and the one device allocated to it.
+async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, String) {
+    let list = claims.list(&ListParams::default()).await.unwrap();
+    let claim = list
+        .items
+        .into_iter()
+        .find(|claim| {
+            claim
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|owner| owner.kind == "Pod" && owner.name == pod)
+        })
+        .unwrap_or_else(|| panic!("no claim owned by pod {pod}"));
+    let results = claim
+        .status
+        .and_then(|status| status.allocation)
+        .and_then(|allocation| allocation.devices)
+        .and_then(|devices| devices.results)
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "{pod}: {results:?}");
+    assert_eq!(results[0].driver, DRIVER_NAME);
+    (
+        claim.metadata.uid.unwrap_or_default(),
+        results[0].device.clone(),
+    )
+}
