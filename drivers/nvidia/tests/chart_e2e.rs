@@ -1,11 +1,13 @@
 //! The Helm chart on a real v1.36.2 API server (the SDK's e2e harness): every object `helm
 //! template` renders with `ci/upstream-guide-values.yaml` and with `ci/mock-values.yaml` is
 //! accepted by a server-side apply with strict field validation; then `gpu-kubelet-plugin
-//! --mock-profile dgx-h100` runs with a token of the chart's ServiceAccount bound to a pod on
-//! its node, as the kubelet would mount it: it publishes its node's slices (owned by the Node,
-//! so `get` on nodes was allowed), registers, and prepares a claim of the chart's
-//! `gpu.nvidia.com` DeviceClass for a pod (`get` on resourceclaims), while the chart's
-//! ValidatingAdmissionPolicy denies it any write to another node's or another driver's slice.
+//! --mock-profile` runs with a token of the chart's ServiceAccount bound to a pod on its node,
+//! as the kubelet would mount it, and uses every verb the chart's role gives it: it replaces a
+//! left-over slice of its pool with its own (`list`, `watch`, `delete`, `create`; owned by the
+//! Node: `get` nodes), rewrites its slice when the node's GPUs change (`update`), registers, and
+//! prepares a claim of the chart's `gpu.nvidia.com` DeviceClass for a pod (`get`
+//! resourceclaims), while the chart's ValidatingAdmissionPolicy denies it any write to another
+//! node's or another driver's slice.
 //! Needs `HELM` and `DRA_E2E_K8S_BIN`; skips without them unless `HELM_REQUIRED=1` or
 //! `DRA_E2E_REQUIRED=1`.
 
@@ -20,6 +22,7 @@ use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
 use dra_sdk::testing::e2e::workload::{self, ClaimSource};
 use dra_sdk::testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use shared::{helm_or_skip, render_chart};
@@ -93,18 +96,21 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     let kubeconfig = token_kubeconfig(&cluster, &bound, "gpu-plugin-node-1");
     let node = cluster.node("node-1").unwrap();
 
-    let mut plugin = spawn_plugin(&cluster, &kubeconfig);
+    // A slice of node-1's pool left by an earlier install: the plugin replaces the pool, so it
+    // deletes that slice (`delete`) and writes its own (`create`).
+    let slices_api = Api::<ResourceSlice>::all(admin.clone());
+    slices_api
+        .create(
+            &PostParams::default(),
+            &slice("left-over", "node-1", DRIVER_NAME),
+        )
+        .await
+        .unwrap();
+    let mut plugin = spawn_plugin(&cluster, &kubeconfig, "dgx-h100");
     let slices = wait_for_slices(&admin, DRIVER_NAME, "node-1", |s| {
-        s.iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            // Full GPUs are `gpu-<minor>`; MIG and VFIO devices have longer names.
-            .filter(|d| {
-                d.name
-                    .strip_prefix("gpu-")
-                    .is_some_and(|minor| minor.parse::<u32>().is_ok())
-            })
-            .count()
-            >= PROFILE_GPUS
+        full_gpus(s) == PROFILE_GPUS
+            && s.iter()
+                .all(|s| s.metadata.name.as_deref() != Some("left-over"))
     })
     .await
     .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
@@ -116,6 +122,26 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
             ("Node", "node-1")
         );
     }
+    let first: Vec<_> = slices
+        .iter()
+        .map(|s| (s.metadata.name.clone(), s.metadata.resource_version.clone()))
+        .collect();
+    plugin.stop();
+
+    // The node now has one T4 (the workstation profile): its slice is rewritten (`update`).
+    let mut plugin = spawn_plugin(&cluster, &kubeconfig, "workstation");
+    let slices = wait_for_slices(&admin, DRIVER_NAME, "node-1", |s| full_gpus(s) == 1)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    let updated = slices.iter().any(|slice| {
+        first.iter().any(|(name, version)| {
+            *name == slice.metadata.name && *version != slice.metadata.resource_version
+        })
+    });
+    assert!(
+        updated,
+        "no slice was updated in place: {first:?} then {slices:?}"
+    );
     node.wait_for_registration(DRIVER_NAME, 0, TIMEOUT)
         .await
         .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
@@ -170,9 +196,9 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     plugin.stop();
 }
 
-/// `gpu-kubelet-plugin --mock-profile dgx-h100` for node-1, with the kubelet directories of
+/// `gpu-kubelet-plugin --mock-profile <profile>` for node-1, with the kubelet directories of
 /// the e2e node and its mock host files in the cluster's folder.
-fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path) -> ManagedProcess {
+fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path, profile: &str) -> ManagedProcess {
     let node = cluster.node("node-1").unwrap();
     let args: Vec<String> = vec![
         "--kubeconfig".into(),
@@ -180,11 +206,11 @@ fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path) -> ManagedProcess {
         "--node-name".into(),
         node.name().into(),
         "--mock-profile".into(),
-        "dgx-h100".into(),
+        profile.into(),
         "--mock-host-root".into(),
         cluster
             .path()
-            .join("mock-host-node-1")
+            .join(format!("mock-host-{profile}"))
             .display()
             .to_string(),
         "--kubelet-registrar-directory-path".into(),
@@ -196,9 +222,22 @@ fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path) -> ManagedProcess {
     ];
     cluster
         .spawn_program(
-            "gpu-plugin",
+            &format!("gpu-plugin-{profile}"),
             Path::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")),
             &args,
         )
         .unwrap()
+}
+
+/// Full GPUs in `slices`: `gpu-<minor>` (MIG and VFIO devices have longer names).
+fn full_gpus(slices: &[ResourceSlice]) -> usize {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter(|d| {
+            d.name
+                .strip_prefix("gpu-")
+                .is_some_and(|minor| minor.parse::<u32>().is_ok())
+        })
+        .count()
 }
