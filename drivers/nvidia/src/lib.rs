@@ -8,5 +8,6 @@ pub mod cdi;
 pub mod config;
 pub mod devices;
 pub mod driver;
+pub mod health;
 pub mod host;
 pub mod plugin;

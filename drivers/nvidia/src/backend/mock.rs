@@ -67,6 +67,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::health::{HealthEventStream, MockEvents};
+
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, GpuInventory,
     Inventory, MigDeviceInfo, MigEngines, MigMode, MigPlacement, MigProfileInfo, PciInfo,
@@ -218,6 +220,8 @@ struct MigDeviceSpec {
 pub struct MockBackend {
     profile: String,
     inventory: Inventory,
+    /// Health events to deliver (injected or from a file); shared by clones.
+    events: MockEvents,
 }
 
 impl MockBackend {
@@ -265,6 +269,7 @@ impl MockBackend {
         Ok(Self {
             profile: file.name.clone().unwrap_or(default_name),
             inventory,
+            events: MockEvents::default(),
         })
     }
 
@@ -279,6 +284,12 @@ impl MockBackend {
     /// The profile's name.
     pub fn profile_name(&self) -> &str {
         &self.profile
+    }
+
+    /// The health event source: inject events, point it at an event file or make
+    /// registration fail. Clones of the backend share it.
+    pub fn events(&self) -> MockEvents {
+        self.events.clone()
     }
 
     /// The whole machine, without going through the trait.
@@ -298,6 +309,13 @@ impl MockBackend {
 impl GpuBackend for MockBackend {
     fn name(&self) -> String {
         format!("mock:{}", self.profile)
+    }
+
+    fn health_events(
+        &self,
+        _gpu_uuids: &[String],
+    ) -> Result<Box<dyn HealthEventStream + '_>, BackendError> {
+        Ok(Box::new(self.events.register()?))
     }
 
     fn driver_version(&self) -> Result<String, BackendError> {

@@ -58,6 +58,21 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     /// the GPU does not support MIG.
     fn mig_profiles(&self, gpu_uuid: &str) -> Result<Vec<MigProfileInfo>, BackendError>;
 
+    /// Registers for the health events of these GPUs (critical XIDs, double-bit ECC, GPU
+    /// lost) and returns the stream that delivers them, on the calling (blocking) thread. An
+    /// error means events cannot be watched: the health monitor marks the devices
+    /// unmonitored. Default: [`BackendError::Unsupported`].
+    fn health_events(
+        &self,
+        gpu_uuids: &[String],
+    ) -> Result<Box<dyn crate::health::HealthEventStream + '_>, BackendError> {
+        let _ = gpu_uuids;
+        Err(BackendError::Unsupported {
+            what: "health events".into(),
+            backend: self.name(),
+        })
+    }
+
     /// One consistent read of everything above.
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let driver_version = self.driver_version()?;

@@ -25,6 +25,8 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::error::NvmlError;
 
+use crate::health::HealthEventStream;
+
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, MigDeviceInfo,
     MigMode, MigProfileInfo, PciInfo,
@@ -159,6 +161,13 @@ impl GpuBackend for NvmlBackend {
         "nvml".to_owned()
     }
 
+    fn health_events(
+        &self,
+        gpu_uuids: &[String],
+    ) -> Result<Box<dyn HealthEventStream + '_>, BackendError> {
+        events::register(self, gpu_uuids).map(|stream| Box::new(stream) as _)
+    }
+
     fn driver_version(&self) -> Result<String, BackendError> {
         self.nvml
             .sys_driver_version()
@@ -207,6 +216,115 @@ impl GpuBackend for NvmlBackend {
         }
         let device = self.device(gpu_uuid)?;
         self.mig.profiles(&device, gpu_uuid)
+    }
+}
+
+/// Health events through an NVML event set.
+mod events {
+    use std::collections::VecDeque;
+    use std::time::Duration;
+
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    use nvml_wrapper::error::NvmlError;
+    use nvml_wrapper::event::EventSet;
+
+    use super::{NvmlBackend, query};
+    use crate::backend::BackendError;
+    use crate::health::{HealthEvent, HealthEventKind, HealthEventStream};
+
+    /// NVML reports an XID it cannot decode as 999.
+    const UNKNOWN_XID: u64 = 999;
+
+    /// The UUID of an event whose device cannot be named: the monitor treats a lost GPU of
+    /// unknown identity as affecting every device.
+    const UNKNOWN_DEVICE: &str = "unknown";
+
+    /// An event set with every GPU registered for critical XIDs and double-bit ECC errors.
+    /// Upstream also registers single-bit ECC errors, which the hardware corrects and which
+    /// never taint a device; they are left out here.
+    pub(super) struct NvmlEventStream<'nvml> {
+        set: EventSet<'nvml>,
+        /// GPUs that could not be resolved at registration: reported as lost first.
+        pending: VecDeque<HealthEvent>,
+    }
+
+    pub(super) fn register<'nvml>(
+        backend: &'nvml NvmlBackend,
+        gpu_uuids: &[String],
+    ) -> Result<NvmlEventStream<'nvml>, BackendError> {
+        let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+        let mut set = backend
+            .nvml
+            .create_event_set()
+            .map_err(|error| query("event set", None, error))?;
+        let mut pending = VecDeque::new();
+        for uuid in gpu_uuids {
+            let device = match backend.device(uuid) {
+                Ok(device) => device,
+                Err(error) => {
+                    tracing::warn!(%uuid, %error, "GPU cannot be resolved for event registration; reporting it lost");
+                    pending.push_back(HealthEvent::new(uuid.clone(), HealthEventKind::GpuLost));
+                    continue;
+                }
+            };
+            // A GPU that supports only some of the events is registered for those.
+            let supported = device
+                .supported_event_types()
+                .map_err(|error| query("supported event types", Some(uuid), error))?;
+            let events = wanted & supported;
+            if events.is_empty() {
+                return Err(BackendError::Unsupported {
+                    what: format!("XID and ECC events on {uuid}"),
+                    backend: "nvml".into(),
+                });
+            }
+            set = device
+                .register_events(events, set)
+                .map_err(|error| query("event registration", Some(uuid), error.error))?;
+        }
+        Ok(NvmlEventStream { set, pending })
+    }
+
+    impl HealthEventStream for NvmlEventStream<'_> {
+        fn wait(&mut self, timeout: Duration) -> Result<Option<HealthEvent>, BackendError> {
+            if let Some(event) = self.pending.pop_front() {
+                return Ok(Some(event));
+            }
+            let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+            let data = match self.set.wait(timeout_ms) {
+                Ok(data) => data,
+                Err(NvmlError::Timeout) => return Ok(None),
+                Err(NvmlError::GpuLost) => {
+                    return Ok(Some(HealthEvent::new(
+                        UNKNOWN_DEVICE,
+                        HealthEventKind::GpuLost,
+                    )));
+                }
+                Err(error) => return Err(query("event wait", None, error)),
+            };
+            let uuid = match data.device.uuid() {
+                Ok(uuid) => uuid,
+                Err(error) => {
+                    tracing::warn!(%error, "event on a device that cannot be named; reporting a lost GPU");
+                    return Ok(Some(HealthEvent::new(
+                        UNKNOWN_DEVICE,
+                        HealthEventKind::GpuLost,
+                    )));
+                }
+            };
+            let kind = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                HealthEventKind::Xid(match data.event_data {
+                    Some(XidError::Value(xid)) => xid,
+                    Some(XidError::Unknown) | None => UNKNOWN_XID,
+                })
+            } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+                HealthEventKind::DoubleBitEcc
+            } else {
+                return Ok(None);
+            };
+            Ok(Some(HealthEvent::new(uuid, kind)))
+        }
     }
 }
 
