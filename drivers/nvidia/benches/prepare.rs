@@ -1,0 +1,199 @@
+//! `NodePrepareResources` of one full-GPU claim and of one MIG claim with the mock backend,
+//! through the plugin's real Unix socket, against the fake API server over loopback HTTP.
+//!
+//! The driver is assembled as `gpu-kubelet-plugin --mock-profile dgx-a100` assembles it
+//! ([`NvidiaPlugin::from_args`]: the mock machine's host tree in a temporary directory), so a
+//! prepare does what it does in the shipped binary: the claim GET, the opaque config decoding,
+//! the device nodes read from the host tree, the CDI spec write and the checkpoint writes.
+//! Each sample prepares a fresh claim (never answered from the checkpoint); its unprepare runs
+//! outside the timed section.
+//!
+//! Run: `cargo bench -p dra-driver-nvidia --bench prepare`
+//! (`--profile dist` measures the size-optimised build the plugin ships as).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser as _;
+use criterion::{Criterion, criterion_group, criterion_main};
+use dra_driver_nvidia::devices::DRIVER_NAME;
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_sdk::driver::ClaimRef;
+use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk::testing::claims::AllocatedClaim;
+use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use serde_json::json;
+use tokio::runtime::Runtime;
+
+/// What a claim asks for: the request name, the device and its opaque config kind.
+#[derive(Clone, Copy)]
+struct Kind {
+    label: &'static str,
+    request: &'static str,
+    config_kind: &'static str,
+}
+
+const FULL_GPU: Kind = Kind {
+    label: "full_gpu",
+    request: "gpu",
+    config_kind: "GpuConfig",
+};
+const MIG: Kind = Kind {
+    label: "mig",
+    request: "mig",
+    config_kind: "MigDeviceConfig",
+};
+
+struct Bench {
+    cluster: TestCluster,
+    kubelet: RegisteredPlugin,
+    _plugin: KubeletPlugin,
+    _nvidia: NvidiaPlugin,
+    gpu: String,
+    mig: String,
+    next: usize,
+}
+
+impl Bench {
+    async fn start() -> Self {
+        let cli = Cli::try_parse_from([
+            "gpu-kubelet-plugin",
+            "--node-name",
+            NODE_NAME,
+            "--mock-profile",
+            "dgx-a100",
+        ])
+        .expect("flags");
+        let nvidia = NvidiaPlugin::from_args(&cli.nvidia).expect("mock machine");
+        let gpu = nvidia
+            .discovery
+            .gpus
+            .first()
+            .expect("a full GPU")
+            .name
+            .clone();
+        let mig = nvidia
+            .discovery
+            .migs
+            .first()
+            .expect("a MIG device")
+            .name
+            .clone();
+        let cluster = TestCluster::start().await.expect("cluster");
+        let plugin = cluster
+            .plugin(nvidia.driver.clone(), DRIVER_NAME)
+            .start()
+            .await
+            .expect("plugin");
+        let kubelet = cluster
+            .register(&plugin, KubeletVersion::V1_36)
+            .await
+            .expect("register");
+        Self {
+            cluster,
+            kubelet,
+            _plugin: plugin,
+            _nvidia: nvidia,
+            gpu,
+            mig,
+            next: 0,
+        }
+    }
+
+    async fn claim(&mut self, kind: Kind) -> ClaimRef {
+        self.next += 1;
+        let name = format!("{}-{}", kind.label.replace('_', "-"), self.next);
+        let device = match kind.request {
+            "mig" => &self.mig,
+            _ => &self.gpu,
+        };
+        let claim = AllocatedClaim::new("default", &name)
+            .device(kind.request, DRIVER_NAME, NODE_NAME, device)
+            .claim_config(
+                &[kind.request],
+                DRIVER_NAME,
+                json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind.config_kind}),
+            )
+            .create(&self.cluster.client())
+            .await
+            .expect("create claim");
+        ClaimRef {
+            uid: claim.metadata.uid.expect("uid"),
+            namespace: "default".into(),
+            name,
+        }
+    }
+
+    /// Prepares one fresh claim, timing only the prepare call, then unprepares it (the
+    /// device is free again for the next sample).
+    async fn prepare_one(&mut self, kind: Kind) -> Duration {
+        let claim = self.claim(kind).await;
+        let claims = std::slice::from_ref(&claim);
+        let started = Instant::now();
+        let result = self.kubelet.prepare(claims).await.expect("prepare");
+        let elapsed = started.elapsed();
+        assert!(
+            result.values().all(Result::is_ok),
+            "{}: {result:?}",
+            kind.label
+        );
+        let unprepared = self.kubelet.unprepare(claims).await.expect("unprepare");
+        assert!(unprepared.values().all(Result::is_ok), "{unprepared:?}");
+        elapsed
+    }
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
+    (at(0.5), at(0.99))
+}
+
+fn prepare(c: &mut Criterion) {
+    let runtime = Runtime::new().expect("runtime");
+    let bench = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start())));
+
+    let mut group = c.benchmark_group("nvidia_node_prepare_resources");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for kind in [FULL_GPU, MIG] {
+        group.bench_function(kind.label, |b| {
+            b.to_async(&runtime).iter_custom(|iterations| {
+                let bench = Arc::clone(&bench);
+                async move {
+                    let mut bench = bench.lock().await;
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iterations {
+                        total += bench.prepare_one(kind).await;
+                    }
+                    total
+                }
+            })
+        });
+    }
+    group.finish();
+
+    // Percentiles criterion does not print.
+    let rounds = 200;
+    for kind in [FULL_GPU, MIG] {
+        let samples = runtime.block_on(async {
+            let mut bench = bench.lock().await;
+            let mut samples = Vec::with_capacity(rounds);
+            for _ in 0..rounds {
+                samples.push(bench.prepare_one(kind).await);
+            }
+            samples
+        });
+        let (p50, p99) = percentiles(samples);
+        println!(
+            "prepare of one {} claim: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)",
+            kind.label.replace('_', "-")
+        );
+    }
+}
+
+criterion_group!(benches, prepare);
+criterion_main!(benches);

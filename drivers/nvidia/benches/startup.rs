@@ -1,0 +1,197 @@
+//! Start-up time and idle memory of the `gpu-kubelet-plugin` process on the mock `dgx-a100`
+//! machine (8 A100s, some in MIG mode: 19 devices with passthrough off): time from
+//! spawn to its first ResourceSlice in the fake API server, and resident memory once idle.
+//!
+//! Run: `cargo bench -p dra-driver-nvidia --bench startup` measures the plugin as built for
+//! this bench. The figures in docs/benchmarks.md are of the binary we ship, built with the
+//! size-optimised `dist` profile, named in `NVIDIA_GPU_PLUGIN` (relative to the workspace
+//! root):
+//!
+//! ```sh
+//! cargo build --profile dist -p dra-driver-nvidia --bin gpu-kubelet-plugin
+//! NVIDIA_GPU_PLUGIN=target/dist/gpu-kubelet-plugin cargo bench -p dra-driver-nvidia --bench startup
+//! ```
+//!
+//! `NVIDIA_GPU_PROFILE` picks another mock profile (default `dgx-a100`), `NVIDIA_GPU_IDLE_SECS`
+//! how long the plugin idles before its memory is read (default 2), `NVIDIA_GPU_STARTS` the
+//! number of starts (default 5).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+/// `VmRSS`, `RssAnon` and `RssFile` of a process, in KiB.
+fn rss_kib(pid: u32) -> Option<[u64; 3]> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|value| value.split_whitespace().next()?.parse().ok())
+    };
+    Some([field("VmRSS:")?, field("RssAnon:")?, field("RssFile:")?])
+}
+
+/// Resident KiB per mapped file (`[heap]`, `[stack]`, or `anonymous` for the rest), largest
+/// first: where the resident memory goes.
+fn rss_by_mapping(pid: u32) -> Vec<(String, u64)> {
+    let Ok(smaps) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return Vec::new();
+    };
+    let mut by_name = std::collections::BTreeMap::<String, u64>::new();
+    let mut current = String::new();
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|range| range.contains('-') && !range.ends_with(':'))
+        {
+            current = fields
+                .get(5)
+                .map_or("anonymous", |name| name.rsplit('/').next().unwrap_or(name))
+                .to_owned();
+        } else if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            *by_name.entry(current.clone()).or_default() += kib;
+        }
+    }
+    let mut sorted: Vec<_> = by_name.into_iter().filter(|(_, kib)| *kib > 0).collect();
+    sorted.sort_by_key(|(_, kib)| std::cmp::Reverse(*kib));
+    sorted
+}
+
+/// The plugin at `binary` on the mock `profile`, pointed at `cluster` as an operator would
+/// run it on the cluster's node.
+fn plugin_command(
+    binary: &Path,
+    cluster: &TestCluster,
+    kubeconfig: &Path,
+    profile: &str,
+) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--node-name", NODE_NAME, "--mock-profile", profile])
+        .arg("--kubelet-registrar-directory-path")
+        .arg(cluster.registrar_dir())
+        .arg("--kubelet-plugins-directory-path")
+        .arg(cluster.plugins_dir())
+        .arg("--cdi-root")
+        .arg(cluster.cdi_root())
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null());
+    command
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+#[tokio::main]
+async fn main() {
+    // A relative NVIDIA_GPU_PLUGIN is relative to the workspace root, where the command runs.
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let binary = std::env::var_os("NVIDIA_GPU_PLUGIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")),
+        |path| workspace.join(path),
+    );
+    let profile: String = env_or("NVIDIA_GPU_PROFILE", "dgx-a100".to_owned());
+    let idle = Duration::from_secs(env_or("NVIDIA_GPU_IDLE_SECS", 2));
+    let starts: usize = env_or("NVIDIA_GPU_STARTS", 5).max(1);
+    let size = std::fs::metadata(&binary).map_or(0, |meta| meta.len());
+    println!(
+        "plugin: {} ({:.1} MB), profile {profile}, {starts} starts, idle {idle:?} before reading its memory",
+        binary.display(),
+        size as f64 / 1e6
+    );
+
+    let mut startups = Vec::with_capacity(starts);
+    let mut rss = Vec::with_capacity(starts);
+    let mut mappings = Vec::new();
+    let mut devices = 0;
+    for _ in 0..starts {
+        let cluster = TestCluster::start().await.expect("cluster");
+        let kubeconfig = cluster.path().join("kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
+        let started = Instant::now();
+        let mut child = plugin_command(&binary, &cluster, &kubeconfig, &profile)
+            .spawn()
+            .expect("spawn");
+        let slices = loop {
+            let slices = cluster.api().list::<ResourceSlice>().expect("list");
+            if !slices.is_empty() {
+                break slices;
+            }
+            if started.elapsed() > Duration::from_secs(30)
+                || matches!(child.try_wait(), Ok(Some(_)))
+            {
+                let _ = child.kill();
+                panic!(
+                    "no ResourceSlice from {} after {:?}",
+                    binary.display(),
+                    started.elapsed()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        startups.push(started.elapsed());
+        tokio::time::sleep(idle).await;
+        // Every device, once the publisher is done (all slices of the pool are in by now).
+        devices = cluster
+            .api()
+            .list::<ResourceSlice>()
+            .unwrap_or(slices)
+            .iter()
+            .map(|slice| slice.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum::<usize>();
+        rss.push(rss_kib(child.id()).unwrap_or_default());
+        mappings = rss_by_mapping(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    startups.sort();
+    rss.sort_by_key(|[total, ..]| *total);
+    println!(
+        "gpu-kubelet-plugin, {profile}: process start to first ResourceSlice: median {:?} (min {:?}, max {:?})",
+        startups[startups.len() / 2],
+        startups[0],
+        startups[startups.len() - 1]
+    );
+    let [total, anon, file] = rss[rss.len() / 2];
+    println!(
+        "gpu-kubelet-plugin, {profile}: idle resident memory with {devices} devices published: \
+         median {:.1} MiB (min {:.1}, max {:.1}); of the median, {:.1} MiB anonymous (heap, \
+         stacks), {:.1} MiB file-backed (the executable, libc)",
+        mib(total),
+        mib(rss[0][0]),
+        mib(rss[rss.len() - 1][0]),
+        mib(anon),
+        mib(file),
+    );
+    let top: Vec<String> = mappings
+        .iter()
+        .take(6)
+        .map(|(name, kib)| format!("{name} {:.1}", mib(*kib)))
+        .collect();
+    println!("resident MiB by mapping (last run): {}", top.join(", "));
+}
