@@ -221,7 +221,7 @@ impl SpecWriter {
                 continue;
             }
             let mut ok = true;
-            for path in paths {
+            for (path, _) in paths {
                 if let Err(err) = remove_if_exists(&path) {
                     tracing::warn!(claim_uid, error = %err, "cannot remove orphaned CDI spec");
                     first_error.get_or_insert(err);
@@ -256,6 +256,75 @@ impl SpecWriter {
     /// as [`remove_orphans`](Self::remove_orphans).
     pub fn claim_uids(&self) -> Result<Vec<String>, CdiError> {
         Ok(self.scan()?.specs.into_keys().collect())
+    }
+
+    /// This kind's files (specs and temporary files) by claim UID, with their modification
+    /// times, for the plugin's start-up sweep.
+    pub(crate) fn claim_files(&self) -> Result<BTreeMap<String, ClaimFiles>, CdiError> {
+        let scan = self.scan()?;
+        let mut files: BTreeMap<String, ClaimFiles> = BTreeMap::new();
+        for (claim_uid, paths) in scan.specs {
+            files.entry(claim_uid).or_default().specs = paths;
+        }
+        for (claim_uid, path, modified) in scan.temps {
+            files
+                .entry(claim_uid)
+                .or_default()
+                .temps
+                .push((path, modified));
+        }
+        Ok(files)
+    }
+
+    /// Removes the listed files of one claim that were last modified before `cutoff`
+    /// (temporary files also when older than a minute); a file without a readable modification
+    /// time, or a younger one, is kept: someone wrote it after the caller decided. The caller
+    /// holds the claim's lock and has checked that no instance records the claim (or, with
+    /// `spec_too` false, that one does: then only stale temporary files go). Returns whether
+    /// every spec was removed.
+    pub(crate) fn remove_claim_files(
+        &self,
+        claim_uid: &str,
+        files: &ClaimFiles,
+        cutoff: SystemTime,
+        spec_too: bool,
+    ) -> Result<bool, CdiError> {
+        let now = SystemTime::now();
+        let mut all = true;
+        let mut first_error = None;
+        if spec_too {
+            for (path, modified) in &files.specs {
+                // Re-read: the listing may be older than the claim's lock.
+                let modified = fs::metadata(path)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .or(*modified);
+                if modified.is_none_or(|modified| modified >= cutoff) {
+                    tracing::info!(claim_uid, path = %path.display(), "keeping a CDI spec written after the sweep started");
+                    all = false;
+                    continue;
+                }
+                if let Err(err) = remove_if_exists(path) {
+                    first_error.get_or_insert(err);
+                    all = false;
+                }
+            }
+        }
+        for (path, modified) in &files.temps {
+            let stale = modified
+                .and_then(|modified| now.duration_since(modified).ok())
+                .is_some_and(|age| age >= STALE_TEMP_AGE);
+            let before = modified.is_some_and(|modified| modified < cutoff);
+            if (stale || (spec_too && before))
+                && let Err(err) = remove_if_exists(path)
+            {
+                first_error.get_or_insert(err);
+            }
+        }
+        match first_error {
+            Some(err) => Err(err),
+            None => Ok(all),
+        }
     }
 
     fn spec_path_with(&self, claim_uid: &str, extension: &str) -> PathBuf {
@@ -353,11 +422,13 @@ impl SpecWriter {
                 }
                 let path = entry.path();
                 match fs::read(&path) {
-                    Ok(document) if self.is_own_kind(&document) => scan
-                        .specs
-                        .entry(claim_uid.to_owned())
-                        .or_default()
-                        .push(path),
+                    Ok(document) if self.is_own_kind(&document) => {
+                        let modified = entry.metadata().and_then(|m| m.modified()).ok();
+                        scan.specs
+                            .entry(claim_uid.to_owned())
+                            .or_default()
+                            .push((path, modified));
+                    }
                     Ok(_) => tracing::debug!(
                         path = %path.display(),
                         "skipping CDI spec of another kind with a look-alike name"
@@ -389,8 +460,17 @@ impl SpecWriter {
 
 #[derive(Default)]
 struct Scan {
-    specs: BTreeMap<String, Vec<PathBuf>>,
+    specs: BTreeMap<String, Vec<(PathBuf, Option<SystemTime>)>>,
     temps: Vec<(String, PathBuf, Option<SystemTime>)>,
+}
+
+/// One claim's files in the CDI root, with their modification times.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimFiles {
+    /// Spec files (`.json`, `.yaml`).
+    pub(crate) specs: Vec<(PathBuf, Option<SystemTime>)>,
+    /// Temporary files of writes in progress or interrupted.
+    pub(crate) temps: Vec<(PathBuf, Option<SystemTime>)>,
 }
 
 /// A claim UID goes into a file name and into CDI device names: ASCII letters, digits and `-`

@@ -240,6 +240,9 @@ pub struct OpenReport {
     /// UIDs of claims whose record could not be read (written by an incompatible version). They
     /// are not served, and are kept in the file until put or removed.
     pub unreadable_claims: Vec<String>,
+    /// There was no checkpoint file: a first start on this node, or someone deleted it. An
+    /// empty one was created. (Not a reason for [`is_clean`](Self::is_clean) to be false.)
+    pub created: bool,
     /// Temporary files left by a process that died in the middle of a write, now deleted.
     pub stale_temp_files_removed: Vec<PathBuf>,
 }
@@ -647,6 +650,7 @@ impl Checkpoint {
                 tracing::warn!(%path, claims = inner.contents.claims.len(), "checkpoint file disappeared; writing it again from memory");
             }
             inner.seen = Seen::Absent;
+            report.created = true;
             return Ok((report, true));
         };
         match format::decode(&bytes) {

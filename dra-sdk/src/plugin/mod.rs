@@ -445,6 +445,9 @@ impl<D: Driver> PluginBuilder<D> {
         } else {
             None
         };
+        let claims_dir = data_dir.join("claims");
+        let claim_files = locks::ClaimFileLocks::new(claims_dir.clone())
+            .map_err(io_error(format!("creating {}", claims_dir.display())))?;
         let node = Arc::new(NodeService {
             registry: driver.config_registry(),
             driver: Arc::clone(&driver),
@@ -453,6 +456,7 @@ impl<D: Driver> PluginBuilder<D> {
             checkpoint,
             cdi: SpecWriter::new(self.cdi_root.clone(), cdi_kind),
             locks,
+            claim_files,
             metrics: plugin_metrics,
             serial,
         });
@@ -460,7 +464,10 @@ impl<D: Driver> PluginBuilder<D> {
             .serialize()
             .await
             .map_err(io_error("taking the node-wide operation lock"))?;
-        node.recover().await?;
+        // Sweeping CDI specs needs a checkpoint read intact: an empty one standing in for a
+        // corrupt, missing or other-boot file would name every prepared claim an orphan.
+        let sweep = report.is_clean() && !report.created;
+        node.recover(sweep).await?;
         // If anything below fails, the driver's background work (started in `Driver::start`)
         // must stop with the plugin that never ran.
         let cancel_on_error = context.cancellation_token().drop_guard();

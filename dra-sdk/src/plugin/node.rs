@@ -4,7 +4,8 @@
 //! A batch is handled in phases so that the checkpoint is written once per phase for the
 //! whole batch, while claims inside a phase run concurrently:
 //!
-//! 1. lock the batch's claim UIDs (sorted, so overlapping batches cannot deadlock);
+//! 1. lock the batch's claim UIDs (sorted, so overlapping batches cannot deadlock), in this
+//!    process and in the claim lock files every instance on the node shares;
 //! 2. serve already prepared claims from the checkpoint; GET the others, all at once;
 //! 3. record `PrepareStarted` for the claims about to be prepared (one write);
 //! 4. call the driver and write each claim's CDI spec, concurrently;
@@ -15,6 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use futures::FutureExt as _;
 use futures::future::join_all;
@@ -29,7 +31,7 @@ use crate::config::ConfigRegistry;
 use crate::context::CLAIM_IN_PROGRESS;
 use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
-use crate::plugin::locks::{ClaimLocks, NodeGuard, NodeLock};
+use crate::plugin::locks::{ClaimFileGuard, ClaimFileLocks, ClaimLocks, NodeGuard, NodeLock};
 
 /// Result of preparing one claim: its devices, or the message the kubelet shows.
 pub(crate) type PrepareResult = Result<Vec<PreparedDeviceRecord>, String>;
@@ -45,6 +47,8 @@ pub(crate) struct NodeService<D: Driver> {
     pub(crate) checkpoint: Arc<Checkpoint>,
     pub(crate) cdi: SpecWriter,
     pub(crate) locks: ClaimLocks,
+    /// The same claims, locked across the plugin instances of the node (rolling updates).
+    pub(crate) claim_files: ClaimFileLocks,
     pub(crate) metrics: Arc<PluginMetrics>,
     /// The node-wide lock, when the driver asked for serialized operations.
     pub(crate) serial: Option<NodeLock>,
@@ -68,6 +72,10 @@ impl<D: Driver> NodeService<D> {
             .locks
             .lock_all(claims.iter().map(|c| c.uid.as_str()))
             .await;
+        let _files = match self.lock_files(&claims, Operation::Prepare).await {
+            Ok(guards) => guards,
+            Err(failed) => return failed,
+        };
 
         let loaded = join_all(claims.iter().map(|claim| {
             let span = claim_span("load", &self.driver_name, claim);
@@ -261,6 +269,10 @@ impl<D: Driver> NodeService<D> {
             .locks
             .lock_all(claims.iter().map(|c| c.uid.as_str()))
             .await;
+        let _files = match self.lock_files(&claims, Operation::Unprepare).await {
+            Ok(guards) => guards,
+            Err(failed) => return failed,
+        };
         let _serial = match self.serialize().await {
             Ok(guard) => guard,
             Err(error) => {
@@ -360,10 +372,18 @@ impl<D: Driver> NodeService<D> {
     }
 
     /// Brings state left by a previous run in line before the plugin registers: rolls back
-    /// interrupted prepares and removes CDI specs of claims the checkpoint does not know.
-    pub(crate) async fn recover(&self) -> Result<(), CheckpointError> {
+    /// interrupted prepares and removes CDI specs of claims no instance records.
+    ///
+    /// Another instance may be serving the node at the same time (a rolling update), so
+    /// nothing here trusts a snapshot: a `PrepareStarted` record is rolled back only when its
+    /// claim's lock file is free (a live instance holds it for the whole prepare, a dead one
+    /// cannot), and re-read under that lock; a spec is removed only under its claim's lock,
+    /// after the checkpoint, re-read then, shows no instance records the claim, and only if it
+    /// was written before the sweep started. `sweep` is false when the checkpoint was not
+    /// read intact (corrupt, missing, from another boot, records unreadable): then no spec is
+    /// removed, since the kubelet may still consider those claims prepared.
+    pub(crate) async fn recover(&self, sweep: bool) -> Result<(), CheckpointError> {
         let records = self.checkpoint.records()?;
-        let mut removals = Vec::new();
         for (uid, record) in &records {
             if record.state != ClaimState::PrepareStarted {
                 continue;
@@ -374,54 +394,137 @@ impl<D: Driver> NodeService<D> {
                 name: record.name.clone(),
             };
             let span = claim_span("rollback", &self.driver_name, &claim);
-            let outcome = guarded(self.driver.rollback(&claim, record))
-                .instrument(span)
-                .await;
-            match outcome
-                .map_err(|(_, message)| message)
-                .and_then(|()| self.cdi.remove_claim(uid).map_err(|e| e.to_string()))
-            {
-                Ok(()) => {
-                    tracing::info!(claim = %claim, "rolled back an interrupted prepare");
-                    removals.push(ClaimChange::Remove { uid: uid.clone() });
-                }
-                Err(error) => {
-                    tracing::warn!(claim = %claim, %error, "rollback of an interrupted prepare failed");
-                    self.driver
-                        .on_event(&PluginEvent::RollbackFailed { claim, error });
-                }
-            }
+            self.roll_back(claim).instrument(span).await?;
         }
-        let removed: HashSet<String> = removals
-            .iter()
-            .filter_map(|change| match change {
-                ClaimChange::Remove { uid } => Some(uid.clone()),
-                ClaimChange::Put { .. } => None,
-            })
-            .collect();
-        if !removals.is_empty() {
-            self.write_checkpoint(removals).await?;
+        if sweep {
+            self.sweep_cdi_specs();
+        } else {
+            tracing::warn!(
+                "the checkpoint was not read intact at start; keeping every CDI spec (claims the kubelet considers prepared keep working; unprepare removes their specs)"
+            );
         }
-        let known: HashSet<&String> = records
-            .keys()
-            .filter(|uid| !removed.contains(*uid))
-            .collect();
-        match self
-            .cdi
-            .remove_orphans(|uid| known.contains(&uid.to_string()))
-        {
-            Ok(orphans) if !orphans.is_empty() => {
-                tracing::info!(count = orphans.len(), "removed CDI specs of unknown claims");
-            }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "removing orphaned CDI specs"),
-        }
-        let completed = records
+        let completed = self
+            .checkpoint
+            .records()?
             .values()
             .filter(|record| record.is_completed())
             .count();
         self.metrics.set_prepared_claims(completed);
         Ok(())
+    }
+
+    /// Rolls back one interrupted prepare, unless a live instance is working on the claim.
+    async fn roll_back(&self, claim: ClaimRef) -> Result<(), CheckpointError> {
+        let _guard = match self.claim_files.try_lock(&claim.uid) {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                tracing::info!(
+                    "another plugin instance is preparing this claim; leaving it to that instance"
+                );
+                return Ok(());
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot lock the claim; leaving its interrupted prepare for later");
+                return Ok(());
+            }
+        };
+        // Under the lock, the record may have changed since the first read: completed by the
+        // instance that held the lock, or removed by its unprepare.
+        let record = match self.checkpoint.get(&claim.uid)? {
+            Some(record) if record.state == ClaimState::PrepareStarted => record,
+            _ => return Ok(()),
+        };
+        let outcome = guarded(self.driver.rollback(&claim, &record)).await;
+        match outcome
+            .map_err(|(_, message)| message)
+            .and_then(|()| self.cdi.remove_claim(&claim.uid).map_err(|e| e.to_string()))
+        {
+            Ok(()) => {
+                // Written while the claim is still locked: after the unlock another instance
+                // may prepare it again, and its new record must not be removed.
+                self.write_checkpoint(vec![ClaimChange::Remove {
+                    uid: claim.uid.clone(),
+                }])
+                .await?;
+                tracing::info!(claim = %claim, "rolled back an interrupted prepare");
+            }
+            Err(error) => {
+                tracing::warn!(claim = %claim, %error, "rollback of an interrupted prepare failed");
+                self.driver
+                    .on_event(&PluginEvent::RollbackFailed { claim, error });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes CDI specs (and temporary files) of claims that no instance records.
+    fn sweep_cdi_specs(&self) {
+        let started = SystemTime::now();
+        let files = match self.cdi.claim_files() {
+            Ok(files) => files,
+            Err(error) => {
+                tracing::warn!(%error, "listing CDI specs for the start-up sweep");
+                return;
+            }
+        };
+        let mut removed = 0usize;
+        for (uid, files) in files {
+            let _guard = match self.claim_files.try_lock(&uid) {
+                Ok(Some(guard)) => guard,
+                // Another instance is preparing or unpreparing it right now.
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(claim.uid = %uid, %error, "cannot lock the claim; keeping its CDI spec");
+                    continue;
+                }
+            };
+            // Read under the claim's lock: what another instance recorded after this start
+            // began is seen here.
+            let recorded = match self.checkpoint.get(&uid) {
+                Ok(record) => record.is_some(),
+                Err(error) => {
+                    tracing::warn!(claim.uid = %uid, %error, "cannot read the checkpoint; keeping the claim's CDI spec");
+                    continue;
+                }
+            };
+            match self
+                .cdi
+                .remove_claim_files(&uid, &files, started, !recorded)
+            {
+                Ok(true) if !recorded && !files.specs.is_empty() => removed += 1,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(claim.uid = %uid, %error, "removing an orphaned CDI spec")
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                count = removed,
+                "removed CDI specs of claims no instance records"
+            );
+        }
+    }
+
+    /// Takes the batch's cross-process claim locks; on failure, the answer for every claim.
+    async fn lock_files<T>(
+        &self,
+        claims: &[ClaimRef],
+        operation: Operation,
+    ) -> Result<Vec<ClaimFileGuard>, BTreeMap<String, Result<T, String>>> {
+        self.claim_files
+            .lock_all(claims.iter().map(|c| c.uid.as_str()))
+            .await
+            .map_err(|error| {
+                tracing::warn!(%error, "cannot lock the batch's claims");
+                claims
+                    .iter()
+                    .map(|claim| {
+                        self.metrics.claim_error(operation, "lock");
+                        (claim.uid.clone(), Err(error.to_string()))
+                    })
+                    .collect()
+            })
     }
 
     /// Takes the node-wide lock in serialized mode; `None` otherwise.
