@@ -45,6 +45,7 @@
 
 mod gates;
 mod names;
+mod reconcile;
 mod vfio;
 
 use std::collections::BTreeMap;
@@ -55,13 +56,16 @@ use std::time::Duration;
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{
     AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
+    ReconcileError,
 };
 use serde::{Deserialize, Serialize};
 
 pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
 pub use names::DeviceName;
+pub use reconcile::{ReconcileReport, UnownedBinding};
 pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
 
 use crate::backend::{GpuBackend, GpuInfo, MigDeviceInfo};
@@ -877,5 +881,53 @@ impl Driver for NvidiaDriver {
         tokio::task::spawn_blocking(move || unprepare_blocking(&inner, &claim, &record))
             .await
             .map_err(join_error)?
+    }
+
+    /// Rebuilds the reservations from the claims the checkpoint records as completed (the
+    /// builder's `prepared_claims` are replaced: a claim the SDK rolled back is released),
+    /// gives back GPUs a released claim had bound to VFIO, and reports VFIO bindings no
+    /// completed claim owns without touching them (see [`NvidiaDriver::reconcile_claims`]).
+    /// Unreadable driver states and failed restores are a recoverable error: the plugin
+    /// serves, and reports them.
+    async fn reconcile(&self, prepared: &[RecordedClaim]) -> Result<(), ReconcileError> {
+        let mut completed = Vec::with_capacity(prepared.len());
+        let mut unreadable = Vec::new();
+        for recorded in prepared {
+            match recorded.decode_state::<ClaimState>() {
+                Ok(Some(state)) => completed.push((recorded.claim.clone(), state)),
+                // Nothing to reserve: the claim recorded no devices of ours.
+                Ok(None) => {}
+                Err(error) => unreadable.push(format!(
+                    "claim {}: unreadable driver state, its devices are not reserved: {error}",
+                    recorded.claim
+                )),
+            }
+        }
+        let driver = self.clone();
+        let report = tokio::task::spawn_blocking(move || driver.reconcile_claims(completed))
+            .await
+            .map_err(|error| ReconcileError::recoverable(join_error(error)))?;
+        tracing::info!(
+            reserved = report.reserved.len(),
+            released = report.released.len(),
+            restored = ?report.restored,
+            "reconciled with the checkpoint"
+        );
+        for binding in &report.unowned {
+            tracing::warn!(
+                bus_id = %binding.bus_id,
+                driver = %binding.driver,
+                reason = %binding.reason,
+                "GPU on a VFIO driver that no prepared claim owns; left as it is"
+            );
+        }
+        let failures: Vec<String> = unreadable.into_iter().chain(report.failures).collect();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(ReconcileError::recoverable(DriverError::other(
+                failures.join("; "),
+            )))
+        }
     }
 }

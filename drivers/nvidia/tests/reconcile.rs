@@ -1,0 +1,109 @@
+//! Start-up reconciliation: reservations rebuilt from the completed claims, VFIO bindings
+//! given back only when the checkpoint proves they are the driver's, every other VFIO binding
+//! reported and left alone. On a fake host tree with the `dgx-h100` profile.
+
+mod fixture;
+
+use std::time::Duration;
+
+use dra_driver_nvidia::driver::{ClaimState, PreparedDeviceState, PreparedKind, VfioBinder};
+use dra_driver_nvidia::host::CommandOutput;
+use dra_sdk::driver::ClaimRef;
+use fixture::*;
+
+fn vfio_state(device: &str, binding: dra_driver_nvidia::driver::VfioBinding) -> ClaimState {
+    ClaimState {
+        devices: vec![PreparedDeviceState {
+            device: device.to_owned(),
+            admin_access: false,
+            kind: PreparedKind::Vfio(binding),
+        }],
+    }
+}
+
+#[test]
+fn reconcile_keeps_completed_claims_restores_only_its_own_bindings_and_reports_the_rest() {
+    let f = Fixture::new("dgx-h100");
+    let mut bus_ids: Vec<String> = f
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| g.info.pci.bus_id.clone())
+        .collect();
+    bus_ids.sort();
+    // Idle GPUs: fuser finds no process.
+    f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    let binder = VfioBinder::new(&f.host, Duration::from_millis(1), Duration::from_millis(20));
+    let bind = |bus_id: &str| binder.bind(bus_id, None).unwrap();
+    // gpu-vfio-0: a claim still prepared. gpu-vfio-1: a claim the SDK rolled back while the
+    // GPU stayed on VFIO (a crash between bind and checkpoint). gpu-vfio-2: bound by someone
+    // else (an administrator, a VM manager): no claim records it.
+    let kept_binding = bind(&bus_ids[0]);
+    let stale_binding = bind(&bus_ids[1]);
+    bind(&bus_ids[2]);
+
+    let kept = ClaimRef::new("default", "vm", "uid-kept");
+    let stale = ClaimRef::new("default", "crashed", "uid-stale");
+    let driver = f.driver("PassthroughSupport=true");
+    // As the plugin starts: the checkpoint held both claims (the builder's prepared_claims).
+    let first = driver.reconcile_claims([
+        (kept.clone(), vfio_state("gpu-vfio-0", kept_binding.clone())),
+        (stale.clone(), vfio_state("gpu-vfio-1", stale_binding)),
+    ]);
+    assert_eq!(first.reserved, ["uid-kept", "uid-stale"]);
+    assert_eq!(first.unowned.len(), 1, "{first:?}");
+    assert_eq!(first.unowned[0].bus_id, bus_ids[2]);
+    assert_eq!(first.unowned[0].driver, "vfio-pci");
+    assert_eq!(
+        first.unowned[0].reason,
+        "no claim in the checkpoint records binding it"
+    );
+
+    // The SDK rolled `stale` back: only `kept` is completed.
+    let report = driver.reconcile_claims([(kept.clone(), vfio_state("gpu-vfio-0", kept_binding))]);
+    assert_eq!(report.reserved, ["uid-kept"]);
+    assert_eq!(report.released, ["uid-stale"]);
+    assert_eq!(report.restored, [bus_ids[1].clone()]);
+    assert_eq!(report.unowned.len(), 1, "{report:?}");
+    assert_eq!(report.unowned[0].bus_id, bus_ids[2]);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+
+    assert_eq!(f.bound_driver(&bus_ids[0]).as_deref(), Some("vfio-pci"));
+    assert_eq!(f.bound_driver(&bus_ids[1]).as_deref(), Some("nvidia"));
+    // Never destroyed blindly.
+    assert_eq!(f.bound_driver(&bus_ids[2]).as_deref(), Some("vfio-pci"));
+    let prepared = driver.prepared_devices();
+    assert_eq!(
+        prepared.get("gpu-vfio-0").map(String::as_str),
+        Some("uid-kept")
+    );
+    assert!(!prepared.contains_key("gpu-vfio-1"), "{prepared:?}");
+
+    // `kept` gone from the checkpoint too: its binding was recorded, so it is given back.
+    let again = driver.reconcile_claims([]);
+    assert_eq!(again.released, ["uid-kept"]);
+    assert_eq!(again.restored, [bus_ids[0].clone()]);
+    assert_eq!(again.unowned.len(), 1, "{again:?}");
+    assert_eq!(f.bound_driver(&bus_ids[0]).as_deref(), Some("nvidia"));
+    assert!(driver.prepared_devices().is_empty());
+}
+
+#[test]
+fn without_passthrough_only_recorded_bindings_are_looked_at() {
+    let f = Fixture::new("dgx-h100");
+    let mut bus_ids: Vec<String> = f
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| g.info.pci.bus_id.clone())
+        .collect();
+    bus_ids.sort();
+    f.host.script("fuser", [CommandOutput::failed(1, "")]);
+    let binder = VfioBinder::new(&f.host, Duration::from_millis(1), Duration::from_millis(20));
+    binder.bind(&bus_ids[0], None).unwrap();
+    let driver = f.driver("");
+    let report = driver.reconcile_claims([]);
+    assert!(report.unowned.is_empty(), "{report:?}");
+    assert!(report.failures.is_empty(), "{report:?}");
+    assert_eq!(f.bound_driver(&bus_ids[0]).as_deref(), Some("vfio-pci"));
+}
