@@ -213,7 +213,26 @@ pub(crate) async fn serve_http(
 
 /// Binds the HTTP endpoint early so that a bad address fails the start, not a background task.
 pub(crate) async fn bind_http(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr).await
+    bind_tcp(addr).await
+}
+
+/// Binds a TCP listener. The wildcard `[::]` (the default of `:PORT` endpoints, which also
+/// takes IPv4 connections on Linux) falls back to `0.0.0.0` where the pod or host has IPv6
+/// disabled: there binding `[::]` fails with "address family not supported" or "cannot assign
+/// requested address", and the DaemonSet's probes would never see the plugin.
+pub(crate) async fn bind_tcp(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(addr).await {
+        Err(error) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED && ipv6_unavailable(&error) => {
+            tracing::info!(%error, port = addr.port(), "IPv6 is unavailable; listening on 0.0.0.0");
+            tokio::net::TcpListener::bind((std::net::Ipv4Addr::UNSPECIFIED, addr.port())).await
+        }
+        result => result,
+    }
+}
+
+fn ipv6_unavailable(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::AddrNotAvailable
+        || error.raw_os_error() == Some(rustix::io::Errno::AFNOSUPPORT.raw_os_error())
 }
 
 async fn metrics_handler(State(state): State<HttpState>) -> impl IntoResponse {

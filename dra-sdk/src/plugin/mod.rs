@@ -801,7 +801,7 @@ async fn spawn_healthcheck(
     shutdown: CancellationToken,
     tasks: &mut JoinSet<Result<(), PluginError>>,
 ) -> Result<SocketAddr, PluginError> {
-    let listener = tokio::net::TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, port))
+    let listener = crate::metrics::bind_tcp((std::net::Ipv6Addr::UNSPECIFIED, port).into())
         .await
         .map_err(io_error(format!("binding the health check port {port}")))?;
     let addr = listener
