@@ -29,6 +29,23 @@ macro_rules! claim_refs {
     };
 }
 
+/// Runs a prepare or unprepare batch as a task of its own, which the handler awaits.
+///
+/// The kubelet gives up on a call (its deadline, a stream reset) by dropping it, and tonic then
+/// drops the handler's future. Were the batch that future, it would stop at whatever await it
+/// had reached: a driver call half done, a CDI spec written but the claim still
+/// `PrepareStarted`. As a task it runs to its last checkpoint write regardless, and the
+/// kubelet's retry finds the finished claim (or, after a failure, the record that unprepare
+/// and the next start clean up).
+async fn detached<T: Send + 'static>(
+    batch: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<T, Status> {
+    use tracing::Instrument as _;
+    tokio::spawn(batch.instrument(tracing::Span::current()))
+        .await
+        .map_err(|error| Status::internal(format!("the batch task failed: {error}")))
+}
+
 /// Generates the adapter for one DRA API version, `crate::proto::$pb`. `$device` builds that
 /// version's `Device` defaults from a prepared device's optional share ID (v1beta1 has no
 /// such field, so it ignores it).
@@ -48,7 +65,8 @@ macro_rules! dra_adapter {
             ) -> Result<Response<crate::proto::$pb::NodePrepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
                 let claims = claim_refs!(request.into_inner().claims);
-                let results = self.node.prepare(claims).await;
+                let node = Arc::clone(&self.node);
+                let results = detached(async move { node.prepare(claims).await }).await?;
                 let device_defaults: fn(Option<String>) -> pb::Device = $device;
                 let claims = results
                     .into_iter()
@@ -84,7 +102,8 @@ macro_rules! dra_adapter {
             ) -> Result<Response<crate::proto::$pb::NodeUnprepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
                 let claims = claim_refs!(request.into_inner().claims);
-                let results = self.node.unprepare(claims).await;
+                let node = Arc::clone(&self.node);
+                let results = detached(async move { node.unprepare(claims).await }).await?;
                 let claims = results
                     .into_iter()
                     .map(|(uid, result)| {

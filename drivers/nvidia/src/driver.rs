@@ -56,6 +56,7 @@ use std::time::Duration;
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::DriverContext;
 use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{
     AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
@@ -74,6 +75,7 @@ use crate::config::{
     CandidateConfig, DeviceType, NvidiaConfig, VfioDeviceConfig, registry, select_config,
 };
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
+use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
 
 /// The driver name upstream uses.
@@ -96,6 +98,7 @@ pub struct NvidiaDriverBuilder {
     vfio_poll: Duration,
     vfio_timeout: Duration,
     prepared: Vec<(String, ClaimRecord)>,
+    health: Option<HealthPolicy>,
 }
 
 impl NvidiaDriverBuilder {
@@ -143,6 +146,14 @@ impl NvidiaDriverBuilder {
         self
     }
 
+    /// Watches device health with this policy (gate `NVMLDeviceHealthCheck`, see
+    /// [`crate::health`]): the driver then reports health and taints failed devices.
+    /// Default: off.
+    pub fn health(mut self, policy: HealthPolicy) -> Self {
+        self.health = Some(policy);
+        self
+    }
+
     /// The driver.
     pub fn build(self) -> NvidiaDriver {
         let driver_root = self
@@ -174,6 +185,7 @@ impl NvidiaDriverBuilder {
                 vfio_poll: self.vfio_poll,
                 vfio_timeout: self.vfio_timeout,
                 reservations: Mutex::new(reservations),
+                health: self.health,
             }),
         }
     }
@@ -195,6 +207,7 @@ struct Inner {
     vfio_poll: Duration,
     vfio_timeout: Duration,
     reservations: Mutex<Reservations>,
+    health: Option<HealthPolicy>,
 }
 
 impl NvidiaDriver {
@@ -210,6 +223,7 @@ impl NvidiaDriver {
             vfio_poll: DEFAULT_VFIO_IDLE_POLL,
             vfio_timeout: DEFAULT_VFIO_IDLE_TIMEOUT,
             prepared: Vec::new(),
+            health: None,
         }
     }
 
@@ -808,6 +822,30 @@ impl Driver for NvidiaDriver {
 
     fn config_registry(&self) -> ConfigRegistry<NvidiaConfig> {
         registry()
+    }
+
+    /// Starts the health monitor when health is on: the devices found now, in the pool
+    /// named after the node.
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        let Some(policy) = self.inner.health.clone() else {
+            return Ok(());
+        };
+        let inner = Arc::clone(&self.inner);
+        let discovery = tokio::task::spawn_blocking(move || discover(&inner))
+            .await
+            .map_err(join_error)??;
+        HealthMonitor::new(
+            Arc::clone(&self.inner.backend),
+            &discovery,
+            ctx.node_name(),
+            policy,
+        )
+        .spawn(ctx.clone());
+        Ok(())
+    }
+
+    fn reports_health(&self) -> bool {
+        self.inner.health.is_some()
     }
 
     async fn prepare(&self, claim: &Claim<NvidiaConfig>) -> Result<PreparedClaim, DriverError> {

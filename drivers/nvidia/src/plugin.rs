@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use dra_sdk::cdi::{CdiError, Kind};
 use dra_sdk::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, current_boot_id};
@@ -32,6 +33,7 @@ use crate::backend::{BackendError, GpuBackend};
 use crate::cdi::DriverRoot;
 use crate::devices::{DRIVER_NAME, Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
+use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
 
 /// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
@@ -111,6 +113,28 @@ pub struct NvidiaArgs {
     #[arg(long, env = "MOCK_HOST_ROOT", requires = "mock_profile")]
     pub mock_host_root: Option<PathBuf>,
 
+    /// XIDs whose taint is informational (effect None) on top of upstream's 13, 31, 43, 45,
+    /// 68 and 109, comma-separated. Used with the NVMLDeviceHealthCheck gate.
+    #[arg(long, env = "ADDITIONAL_XIDS_TO_IGNORE", default_value = "")]
+    pub additional_xids_to_ignore: String,
+
+    /// With NVMLDeviceHealthCheck: seconds without a new health event after which a device's
+    /// xid taint is removed (a lost GPU stays tainted). 0 (the default): taints stay until
+    /// the operator resets them through --health-reset-dir.
+    #[arg(long, env = "HEALTH_RECOVERY_PERIOD", default_value_t = 0)]
+    pub health_recovery_period: u64,
+
+    /// With NVMLDeviceHealthCheck: a directory where the operator creates a file named after
+    /// a device (or `all`) to remove its health taints; the plugin deletes the file once done.
+    #[arg(long, env = "HEALTH_RESET_DIR")]
+    pub health_reset_dir: Option<PathBuf>,
+
+    /// With --mock-profile: a file of health events the mock GPUs report as they are
+    /// appended, one `<uuid> xid <n>`, `<uuid> double-bit-ecc` or `<uuid> gpu-lost` a line
+    /// (see docs/health.md).
+    #[arg(long, env = "MOCK_HEALTH_EVENTS", requires = "mock_profile")]
+    pub mock_health_events: Option<PathBuf>,
+
     /// Print the hardware the backend reports as a mock profile (YAML, named after
     /// --node-name) and exit, without contacting the API server. On a GPU node this turns the
     /// real machine into a --mock-profile file. Read-only.
@@ -136,9 +160,8 @@ impl NvidiaArgs {
 
 /// Gates this driver does not implement yet: enabling one is a start-up error, not a silent
 /// no-op.
-const UNIMPLEMENTED_GATES: [FeatureGate; 4] = [
+const UNIMPLEMENTED_GATES: [FeatureGate; 3] = [
     FeatureGate::DynamicMig,
-    FeatureGate::NvmlDeviceHealthCheck,
     FeatureGate::FabricManagerPartitioning,
     FeatureGate::ConsumableShares,
 ];
@@ -164,6 +187,9 @@ pub enum SetupError {
         /// The value given.
         value: String,
     },
+    /// `--additional-xids-to-ignore` does not parse.
+    #[error(transparent)]
+    Xids(#[from] XidListError),
     /// PassthroughSupport is on but the host root is not mounted.
     #[error(
         "PassthroughSupport needs the node's / at --host-root, but {} does not exist",
@@ -212,6 +238,8 @@ pub struct NvidiaPlugin {
     pub driver: NvidiaDriver,
     /// The devices found at start-up.
     pub discovery: Discovery,
+    /// With `--mock-profile`: the mock GPUs' health event source, to inject events.
+    pub mock_events: Option<MockEvents>,
     /// Keeps a temporary mock host directory alive while the plugin runs.
     _mock_host_dir: Option<tempfile::TempDir>,
 }
@@ -242,14 +270,33 @@ impl NvidiaPlugin {
                 value: args.consumable_shares.clone(),
             });
         }
+        let health = if gates.is_enabled(FeatureGate::NvmlDeviceHealthCheck) {
+            Some(
+                HealthPolicy::default()
+                    .ignore_xids(parse_xids(&args.additional_xids_to_ignore)?)
+                    .recovery_period(
+                        (args.health_recovery_period > 0)
+                            .then(|| Duration::from_secs(args.health_recovery_period)),
+                    )
+                    .reset_dir(args.health_reset_dir.clone()),
+            )
+        } else {
+            None
+        };
         let passthrough = gates.is_enabled(FeatureGate::PassthroughSupport);
         let list_type_attributes = gates.is_enabled(FeatureGate::DraListTypeAttributes);
 
+        let mut mock_events = None;
         let (backend, host, mock_host_dir): (Arc<dyn GpuBackend>, Arc<dyn Host>, _) = match &args
             .mock_profile
         {
             Some(profile) => {
                 let backend = MockBackend::from_profile(profile)?;
+                let events = backend.events();
+                if let Some(path) = &args.mock_health_events {
+                    events.watch_file(path);
+                }
+                mock_events = Some(events);
                 let (root, temporary) = match &args.mock_host_root {
                     Some(root) => {
                         prepare_mock_root(root)?;
@@ -303,6 +350,9 @@ impl NvidiaPlugin {
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
         }
+        if let Some(policy) = health {
+            builder = builder.health(policy);
+        }
         let driver = builder.build();
         let discovery = Discovery::discover(
             backend.as_ref(),
@@ -316,6 +366,7 @@ impl NvidiaPlugin {
             host,
             driver,
             discovery,
+            mock_events,
             _mock_host_dir: mock_host_dir,
         })
     }

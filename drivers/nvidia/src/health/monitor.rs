@@ -23,8 +23,9 @@ use crate::devices::Discovery;
 /// Which published devices an event on a UUID concerns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceMap {
-    /// GPU UUID → the GPU's device name and its MIG devices' names.
-    gpus: BTreeMap<String, (String, Vec<String>)>,
+    /// GPU UUID → the GPU's device name (none when MIG is on: only its MIG devices are
+    /// published) and its MIG devices' names.
+    gpus: BTreeMap<String, (Option<String>, Vec<String>)>,
     /// MIG UUID → the MIG device's name.
     migs: BTreeMap<String, String>,
 }
@@ -35,25 +36,21 @@ impl DeviceMap {
     pub fn from_discovery(discovery: &Discovery) -> Self {
         let mut map = Self::default();
         for gpu in &discovery.gpus {
-            map.gpus
-                .insert(gpu.info.uuid.clone(), (gpu.name.clone(), Vec::new()));
+            map = map.with_gpu(gpu.info.uuid.clone(), gpu.name.clone());
         }
         for mig in &discovery.migs {
-            map.migs.insert(mig.mig.uuid.clone(), mig.name.clone());
-            if let Some((_, migs)) = map.gpus.get_mut(&mig.parent.uuid) {
-                migs.push(mig.name.clone());
-            }
+            map = map.with_mig(&mig.parent.uuid, mig.mig.uuid.clone(), mig.name.clone());
         }
         map
     }
 
     /// Adds a full GPU.
     pub fn with_gpu(mut self, uuid: impl Into<String>, name: impl Into<String>) -> Self {
-        self.gpus.insert(uuid.into(), (name.into(), Vec::new()));
+        self.gpus.entry(uuid.into()).or_default().0 = Some(name.into());
         self
     }
 
-    /// Adds a MIG device of the GPU `parent_uuid` (added before).
+    /// Adds a MIG device of the GPU `parent_uuid`.
     pub fn with_mig(
         mut self,
         parent_uuid: &str,
@@ -61,9 +58,11 @@ impl DeviceMap {
         name: impl Into<String>,
     ) -> Self {
         let name = name.into();
-        if let Some((_, migs)) = self.gpus.get_mut(parent_uuid) {
-            migs.push(name.clone());
-        }
+        self.gpus
+            .entry(parent_uuid.to_owned())
+            .or_default()
+            .1
+            .push(name.clone());
         self.migs.insert(uuid.into(), name);
         self
     }
@@ -77,7 +76,7 @@ impl DeviceMap {
     pub fn devices(&self) -> BTreeSet<String> {
         self.gpus
             .values()
-            .flat_map(|(gpu, migs)| std::iter::once(gpu).chain(migs))
+            .flat_map(|(gpu, migs)| gpu.iter().chain(migs))
             .cloned()
             .collect()
     }
@@ -85,7 +84,7 @@ impl DeviceMap {
     /// The devices an event on `uuid` affects; `None` when the UUID is unknown.
     fn affected(&self, uuid: &str) -> Option<Vec<String>> {
         if let Some((gpu, migs)) = self.gpus.get(uuid) {
-            return Some(std::iter::once(gpu).chain(migs).cloned().collect());
+            return Some(gpu.iter().chain(migs).cloned().collect());
         }
         self.migs.get(uuid).map(|mig| vec![mig.clone()])
     }
