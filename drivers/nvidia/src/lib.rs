@@ -6,6 +6,8 @@
 pub mod backend;
 pub mod cdi;
 pub mod config;
+#[cfg(feature = "demo")]
+pub mod demo;
 pub mod devices;
 pub mod driver;
 pub mod health;
