@@ -167,30 +167,33 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
         let stream = async_stream(move |sender| async move {
             let mut ticker = tokio::time::interval(resend);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stamps = ChangeStamps::default();
+            let mut source_gone = false;
             loop {
-                let devices = updates.borrow_and_update().clone();
-                if sender.send(Ok(health_response(&devices))).await.is_err() {
+                let mut devices = updates.borrow_and_update().clone();
+                if source_gone {
+                    // Nothing will report on these devices any more: the last state is no
+                    // longer known, and re-sending it would keep it fresh forever.
+                    for device in &mut devices {
+                        device.status = HealthStatus::Unknown;
+                        device.message = SOURCE_GONE.to_owned();
+                    }
+                }
+                let response = health_response(&devices, &mut stamps, SystemTime::now());
+                if sender.send(Ok(response)).await.is_err() {
                     return; // the kubelet went away
                 }
                 ticker.reset();
+                if source_gone {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        _ = ticker.tick() => {}
+                    }
+                    continue;
+                }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
-                    changed = updates.changed() => {
-                        if changed.is_err() {
-                            // The driver dropped its reporter: nothing will change any more,
-                            // but keep re-sending the last state so it does not go stale.
-                            loop {
-                                tokio::select! {
-                                    () = shutdown.cancelled() => return,
-                                    _ = ticker.tick() => {}
-                                }
-                                let devices = updates.borrow().clone();
-                                if sender.send(Ok(health_response(&devices))).await.is_err() {
-                                    return;
-                                }
-                            }
-                        }
-                    }
+                    changed = updates.changed() => source_gone = changed.is_err(),
                     _ = ticker.tick() => {}
                 }
             }
@@ -215,31 +218,65 @@ where
 /// The kubelet truncates longer messages itself; doing it here keeps the wire small.
 const MAX_HEALTH_MESSAGE: usize = 1024;
 
-fn health_response(devices: &[DeviceHealth]) -> health_pb::NodeWatchResourcesResponse {
-    let now = SystemTime::now()
+/// What the kubelet is told once a driver's health source is gone (its reporter dropped).
+const SOURCE_GONE: &str = "the driver no longer reports this device's health";
+
+/// When each device's reported state (status and message) last changed, for
+/// `last_updated_time`: a re-send of an unchanged state keeps the time of the change.
+#[derive(Default)]
+struct ChangeStamps {
+    seen: std::collections::HashMap<(String, String), (HealthStatus, String, i64)>,
+}
+
+impl ChangeStamps {
+    fn stamp(&mut self, device: &DeviceHealth, message: &str, now: i64) -> i64 {
+        let key = (device.pool.clone(), device.device.clone());
+        match self.seen.get(&key) {
+            Some((status, seen_message, at))
+                if *status == device.status && seen_message == message =>
+            {
+                *at
+            }
+            _ => {
+                self.seen
+                    .insert(key, (device.status, message.to_owned(), now));
+                now
+            }
+        }
+    }
+}
+
+fn health_response(
+    devices: &[DeviceHealth],
+    stamps: &mut ChangeStamps,
+    now: SystemTime,
+) -> health_pb::NodeWatchResourcesResponse {
+    let now = now
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     health_pb::NodeWatchResourcesResponse {
         devices: devices
             .iter()
-            .map(|device| health_pb::DeviceHealth {
-                device: Some(health_pb::DeviceIdentifier {
-                    pool_name: device.pool.clone(),
-                    device_name: device.device.clone(),
-                }),
-                health: match device.status {
-                    HealthStatus::Unknown => health_pb::HealthStatus::Unknown,
-                    HealthStatus::Healthy => health_pb::HealthStatus::Healthy,
-                    HealthStatus::Unhealthy => health_pb::HealthStatus::Unhealthy,
-                } as i32,
-                // Stamped at send time: the driver's source is alive, so the state is current.
-                last_updated_time: now,
-                health_check_timeout_seconds: device
-                    .timeout
-                    .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
-                    .unwrap_or(0),
-                message: truncate(&device.message, MAX_HEALTH_MESSAGE),
+            .map(|device| {
+                let message = truncate(&device.message, MAX_HEALTH_MESSAGE);
+                health_pb::DeviceHealth {
+                    device: Some(health_pb::DeviceIdentifier {
+                        pool_name: device.pool.clone(),
+                        device_name: device.device.clone(),
+                    }),
+                    health: match device.status {
+                        HealthStatus::Unknown => health_pb::HealthStatus::Unknown,
+                        HealthStatus::Healthy => health_pb::HealthStatus::Healthy,
+                        HealthStatus::Unhealthy => health_pb::HealthStatus::Unhealthy,
+                    } as i32,
+                    last_updated_time: stamps.stamp(device, &message, now),
+                    health_check_timeout_seconds: device
+                        .timeout
+                        .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+                        .unwrap_or(0),
+                    message,
+                }
             })
             .collect(),
     }
@@ -261,5 +298,24 @@ mod tests {
         let long = "é".repeat(2000);
         assert_eq!(truncate(&long, MAX_HEALTH_MESSAGE).chars().count(), 1024);
         assert_eq!(truncate("short", MAX_HEALTH_MESSAGE), "short");
+    }
+
+    #[test]
+    fn last_updated_time_is_the_time_of_the_change_not_of_the_resend() {
+        let mut stamps = ChangeStamps::default();
+        let at = |secs| UNIX_EPOCH + Duration::from_secs(secs);
+        let healthy = [DeviceHealth::new("pool", "gpu-0", HealthStatus::Healthy)];
+        let sent =
+            |response: health_pb::NodeWatchResourcesResponse| response.devices[0].last_updated_time;
+        assert_eq!(sent(health_response(&healthy, &mut stamps, at(100))), 100);
+        assert_eq!(sent(health_response(&healthy, &mut stamps, at(110))), 100);
+        let sick =
+            [DeviceHealth::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 79")];
+        assert_eq!(sent(health_response(&sick, &mut stamps, at(120))), 120);
+        assert_eq!(sent(health_response(&sick, &mut stamps, at(130))), 120);
+        // A new message is a change too.
+        let sicker =
+            [DeviceHealth::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 48")];
+        assert_eq!(sent(health_response(&sicker, &mut stamps, at(140))), 140);
     }
 }
