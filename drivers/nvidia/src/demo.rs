@@ -11,6 +11,11 @@
 //! and the environment and device nodes it would get (read back from the CDI spec files the
 //! plugin wrote), then unprepares and deletes everything.
 //!
+//! The pods run side by side: the full-GPU steps need three free full GPUs, one with at least
+//! 40Gi (`dgx-a100` and `dgx-h100` have them; on `mixed` and `workstation` the claims without a
+//! free matching GPU fail to allocate, and [`DemoReport::problems`] lists them). A machine
+//! without MIG devices leaves the MIG steps out.
+//!
 //! The embedded cluster runs no controllers, so the demo does their part: it binds pods to
 //! the node (`spec.nodeName`), creates the claim of a template pod as the resourceclaim
 //! controller would, and allocates with [`allocate_claim`] as the scheduler would. A real

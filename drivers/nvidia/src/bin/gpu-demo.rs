@@ -15,7 +15,8 @@ use dra_driver_nvidia::demo::{DEFAULT_PROFILE, DemoError, run};
 #[derive(Parser)]
 #[command(name = "gpu-demo", version, about)]
 struct Cli {
-    /// The mock machine: dgx-a100, dgx-h100, mixed, workstation, or a profile file.
+    /// The mock machine: dgx-a100, dgx-h100, mixed, workstation, or a profile file. The demo's
+    /// pods need three full GPUs, one with at least 40Gi (dgx-a100 and dgx-h100 have them).
     #[arg(long, env = "MOCK_PROFILE", default_value = DEFAULT_PROFILE)]
     mock_profile: String,
     /// Run against a real API server: not supported yet (the demo exits with an error).
