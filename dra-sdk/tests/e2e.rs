@@ -946,7 +946,11 @@ async fn device_status_with_granular_authorization() {
         ] } } },
     });
     claims
-        .patch_status("nic", &PatchParams::apply("scheduler").force(), &Patch::Apply(&allocation))
+        .patch_status(
+            "nic",
+            &PatchParams::apply("scheduler").force(),
+            &Patch::Apply(&allocation),
+        )
         .await
         .unwrap();
     let other = json!({
