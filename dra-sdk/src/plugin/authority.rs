@@ -187,6 +187,7 @@ impl<S> AuthorityRewriteStream<S> {
     /// The kubelet simulator uses it the other way round, on its client side, to send the
     /// percent-encoded socket path the real kubelet sends (which `http::Uri`, and so tonic's
     /// client, refuses to build).
+    #[cfg(feature = "testing")]
     pub(crate) fn with_authority(inner: S, authority: impl Into<Vec<u8>>) -> Self {
         let mut stream = Self::new(inner);
         stream.rewriter.authority = authority.into();
