@@ -149,6 +149,40 @@ impl RecordedClaim {
         }
     }
 
+    /// A recorded claim without devices or state, for a driver's own tests of
+    /// [`Driver::reconcile`](crate::driver::Driver::reconcile).
+    ///
+    /// ```
+    /// use dra_sdk::context::{RecordedClaim, RecordedDevice};
+    /// use dra_sdk::driver::ClaimRef;
+    ///
+    /// let claim = RecordedClaim::new(ClaimRef::new("default", "gpu", "uid-1"))
+    ///     .with_device(RecordedDevice::new("node-a", "gpu-0").with_request("gpu"))
+    ///     .with_driver_state(serde_json::json!({ "bound": "vfio-pci" }));
+    /// assert_eq!(claim.devices[0].device, "gpu-0");
+    /// ```
+    pub fn new(claim: ClaimRef) -> Self {
+        Self {
+            claim,
+            devices: Vec::new(),
+            driver_state: None,
+        }
+    }
+
+    /// Adds a prepared device.
+    #[must_use]
+    pub fn with_device(mut self, device: RecordedDevice) -> Self {
+        self.devices.push(device);
+        self
+    }
+
+    /// Sets the stored driver state.
+    #[must_use]
+    pub fn with_driver_state(mut self, state: serde_json::Value) -> Self {
+        self.driver_state = Some(state);
+        self
+    }
+
     /// The driver state decoded into the driver's type; `None` when the claim has none.
     pub fn decode_state<T: DeserializeOwned>(&self) -> Result<Option<T>, DriverStateError> {
         crate::driver::decode_state(&self.claim, self.driver_state.as_ref())
@@ -169,6 +203,40 @@ pub struct RecordedDevice {
     pub share_id: Option<String>,
     /// CDI device IDs handed to the kubelet.
     pub cdi_device_ids: Vec<String>,
+}
+
+impl RecordedDevice {
+    /// A device of `pool` for no request in particular, without share or CDI IDs.
+    pub fn new(pool: impl Into<String>, device: impl Into<String>) -> Self {
+        Self {
+            request_names: Vec::new(),
+            pool: pool.into(),
+            device: device.into(),
+            share_id: None,
+            cdi_device_ids: Vec::new(),
+        }
+    }
+
+    /// Adds a base request name this device satisfies.
+    #[must_use]
+    pub fn with_request(mut self, request: impl Into<String>) -> Self {
+        self.request_names.push(request.into());
+        self
+    }
+
+    /// Sets the share ID of a consumable-capacity allocation.
+    #[must_use]
+    pub fn with_share_id(mut self, share_id: impl Into<String>) -> Self {
+        self.share_id = Some(share_id.into());
+        self
+    }
+
+    /// Adds a CDI device ID handed to the kubelet.
+    #[must_use]
+    pub fn with_cdi_device_id(mut self, id: impl Into<String>) -> Self {
+        self.cdi_device_ids.push(id.into());
+        self
+    }
 }
 
 impl From<&PreparedDeviceRecord> for RecordedDevice {
