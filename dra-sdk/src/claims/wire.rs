@@ -9,7 +9,7 @@
 use std::sync::Mutex;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::DynamicObject;
 use kube::core::Status;
 use kube::{Api, Client};
 use serde_json::{Map, Value};
@@ -61,18 +61,9 @@ impl ClaimVersion {
 }
 
 async fn discover(client: &Client) -> Result<ResourceApiVersion, DiscoveryError> {
-    let groups = client
-        .list_api_groups()
+    ResourceApiVersion::newest_served(client)
         .await
-        .map_err(DiscoveryError::Api)?;
-    let group = groups
-        .groups
-        .iter()
-        .find(|group| group.name == "resource.k8s.io")
-        .ok_or(DiscoveryError::NotServed)?;
-    ResourceApiVersion::PREFERENCE
-        .into_iter()
-        .find(|v| group.versions.iter().any(|gv| gv.version == v.as_str()))
+        .map_err(DiscoveryError::Api)?
         .ok_or(DiscoveryError::NotServed)
 }
 
@@ -101,7 +92,7 @@ pub(crate) async fn fetch(
             .await
             .map(Box::new),
         older => {
-            let resource = claims_resource(older);
+            let resource = older.resource("ResourceClaim", "resourceclaims");
             let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
             match api.get(name).await {
                 Ok(object) => {
@@ -134,16 +125,6 @@ fn names_object(status: &Status, name: &str) -> bool {
         .details
         .as_ref()
         .is_some_and(|details| details.name == name)
-}
-
-fn claims_resource(version: ResourceApiVersion) -> ApiResource {
-    ApiResource {
-        group: "resource.k8s.io".to_owned(),
-        version: version.as_str().to_owned(),
-        api_version: format!("resource.k8s.io/{}", version.as_str()),
-        kind: "ResourceClaim".to_owned(),
-        plural: "resourceclaims".to_owned(),
-    }
 }
 
 /// The fields of a v1beta1 `DeviceRequest` that v1 moved under `exactly`.

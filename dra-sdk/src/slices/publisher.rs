@@ -955,22 +955,10 @@ impl Reconciler {
     async fn try_connect(&mut self) -> Result<Connection, PublishError> {
         let version = match self.options.api_version {
             Some(version) => version,
-            None => {
-                let groups = self
-                    .client
-                    .list_api_groups()
-                    .await
-                    .map_err(PublishError::Discovery)?;
-                let group = groups
-                    .groups
-                    .iter()
-                    .find(|group| group.name == "resource.k8s.io")
-                    .ok_or(PublishError::NotServed)?;
-                ResourceApiVersion::PREFERENCE
-                    .into_iter()
-                    .find(|v| group.versions.iter().any(|gv| gv.version == v.as_str()))
-                    .ok_or(PublishError::NotServed)?
-            }
+            None => ResourceApiVersion::newest_served(&self.client)
+                .await
+                .map_err(PublishError::Discovery)?
+                .ok_or(PublishError::NotServed)?,
         };
         let release = match self.options.release {
             Some(release) => Some(release),

@@ -58,13 +58,34 @@ impl ResourceApiVersion {
 
     /// The kube `ApiResource` for ResourceSlices in this version.
     pub fn api_resource(self) -> ApiResource {
+        self.resource("ResourceSlice", "resourceslices")
+    }
+
+    /// The kube `ApiResource` for another `resource.k8s.io` kind in this version.
+    pub(crate) fn resource(self, kind: &str, plural: &str) -> ApiResource {
         ApiResource {
             group: "resource.k8s.io".to_owned(),
             version: self.as_str().to_owned(),
             api_version: format!("resource.k8s.io/{}", self.as_str()),
-            kind: "ResourceSlice".to_owned(),
-            plural: "resourceslices".to_owned(),
+            kind: kind.to_owned(),
+            plural: plural.to_owned(),
         }
+    }
+
+    /// The newest version the server serves, by discovery; `Ok(None)` when it serves
+    /// `resource.k8s.io` in none of them (or not at all).
+    pub(crate) async fn newest_served(client: &kube::Client) -> Result<Option<Self>, kube::Error> {
+        let groups = client.list_api_groups().await?;
+        let Some(group) = groups
+            .groups
+            .iter()
+            .find(|group| group.name == "resource.k8s.io")
+        else {
+            return Ok(None);
+        };
+        Ok(Self::PREFERENCE
+            .into_iter()
+            .find(|v| group.versions.iter().any(|gv| gv.version == v.as_str())))
     }
 }
 
