@@ -43,6 +43,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod claim_sharing;
 mod gates;
 mod names;
 mod reconcile;
@@ -50,7 +51,7 @@ mod vfio;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use dra_sdk::cdi::ContainerEdits;
@@ -77,6 +78,7 @@ use crate::config::{
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
+use crate::sharing::{AppliedSharing, ConsumableShares, MpsSettings, SharedAllocation};
 
 /// The driver name upstream uses.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -99,9 +101,26 @@ pub struct NvidiaDriverBuilder {
     vfio_timeout: Duration,
     prepared: Vec<(String, ClaimRecord)>,
     health: Option<HealthPolicy>,
+    mps: MpsSettings,
+    consumable: ConsumableShares,
 }
 
 impl NvidiaDriverBuilder {
+    /// Where MPS control daemons keep their directories and how long the driver waits for
+    /// them (gate `MPSSupport`, see [`crate::sharing::mps`]). Default: upstream's
+    /// `/var/lib/kubelet/plugins/gpu.nvidia.com/mps` and readiness backoff.
+    pub fn mps(mut self, settings: MpsSettings) -> Self {
+        self.mps = settings;
+        self
+    }
+
+    /// Lets several claims share a device (`--consumable-shares`, gate `ConsumableShares`):
+    /// they must then have identical configs. Default: disabled.
+    pub fn consumable_shares(mut self, mode: ConsumableShares) -> Self {
+        self.consumable = mode;
+        self
+    }
+
     /// The driver installation (`--nvidia-driver-root` and `--container-driver-root`).
     /// Default: the host's `/`, read through the host.
     pub fn driver_root(mut self, driver_root: DriverRoot) -> Self {
@@ -186,6 +205,9 @@ impl NvidiaDriverBuilder {
                 vfio_timeout: self.vfio_timeout,
                 reservations: Mutex::new(reservations),
                 health: self.health,
+                mps: self.mps,
+                consumable: self.consumable,
+                context: OnceLock::new(),
             }),
         }
     }
@@ -208,6 +230,10 @@ struct Inner {
     vfio_timeout: Duration,
     reservations: Mutex<Reservations>,
     health: Option<HealthPolicy>,
+    mps: MpsSettings,
+    consumable: ConsumableShares,
+    /// The plugin's context, from `start`: reconcile writes restarted daemons' records with it.
+    context: OnceLock<DriverContext>,
 }
 
 impl NvidiaDriver {
@@ -224,6 +250,8 @@ impl NvidiaDriver {
             vfio_timeout: DEFAULT_VFIO_IDLE_TIMEOUT,
             prepared: Vec::new(),
             health: None,
+            mps: MpsSettings::default(),
+            consumable: ConsumableShares::Disabled,
         }
     }
 
@@ -248,6 +276,17 @@ impl NvidiaDriver {
             .map(|(key, owner)| (key.clone(), owner.uid.clone()))
             .collect()
     }
+
+    /// Devices currently prepared as consumable shares, with the UIDs of the claims holding
+    /// them.
+    pub fn shared_devices(&self) -> BTreeMap<String, Vec<String>> {
+        self.inner
+            .reservations()
+            .shared
+            .iter()
+            .map(|(device, holders)| (device.clone(), holders.owners.keys().cloned().collect()))
+            .collect()
+    }
 }
 
 /// What the checkpoint keeps of a prepared claim (`driver_state`), for unprepare and for
@@ -257,6 +296,12 @@ impl NvidiaDriver {
 pub struct ClaimState {
     /// The claim's devices, in allocation order.
     pub devices: Vec<PreparedDeviceState>,
+    /// What sharing set up (time slices, MPS daemons), for unprepare and restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sharing: Vec<AppliedSharing>,
+    /// Devices prepared as consumable shares, with the config later claims must match.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<SharedAllocation>,
 }
 
 impl ClaimState {
@@ -339,10 +384,19 @@ struct Owner {
 #[derive(Debug, Default)]
 struct Reservations {
     by_key: BTreeMap<String, Owner>,
+    /// Devices prepared as consumable shares: the config and the claims holding them.
+    shared: BTreeMap<String, SharedHolders>,
     /// The state of each claim this process prepared (or found in the checkpoint), by UID.
     /// Unprepare falls back to it when the checkpoint has none: the SDK drops the driver
     /// state when writing the CDI spec or the checkpoint fails after a successful prepare.
     states: BTreeMap<String, ClaimState>,
+}
+
+/// The claims sharing one device, and the config they all have.
+#[derive(Debug)]
+struct SharedHolders {
+    config: serde_json::Value,
+    owners: BTreeMap<String, Owner>,
 }
 
 fn pci_key(bus_id: &str) -> String {
@@ -360,7 +414,29 @@ fn reservation_keys(device: &str, kind: &PreparedKind) -> Vec<String> {
 impl Reservations {
     fn restore(&mut self, uid: &str, namespace: &str, name: &str, state: &ClaimState) {
         self.states.insert(uid.to_owned(), state.clone());
-        for device in state.devices.iter().filter(|d| !d.admin_access) {
+        for share in &state.shares {
+            let holders =
+                self.shared
+                    .entry(share.device.clone())
+                    .or_insert_with(|| SharedHolders {
+                        config: share.config.clone(),
+                        owners: BTreeMap::new(),
+                    });
+            holders.owners.insert(
+                uid.to_owned(),
+                Owner {
+                    uid: uid.to_owned(),
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                },
+            );
+        }
+        let shared = |device: &str| state.shares.iter().any(|share| share.device == device);
+        for device in state
+            .devices
+            .iter()
+            .filter(|d| !d.admin_access && !shared(&d.device))
+        {
             for key in reservation_keys(&device.device, &device.kind) {
                 self.by_key.insert(
                     key,
@@ -400,6 +476,18 @@ impl Reservations {
                 }
                 continue;
             }
+            if let Some(holders) = self.shared.get(device)
+                && let Some(owner) = holders.owners.values().find(|o| o.uid != claim.uid)
+            {
+                return Err(DriverError::Device {
+                    device: device.clone(),
+                    reason: format!(
+                        "it is prepared as a consumable share for claim {}/{} ({}); it cannot \
+                         be prepared exclusively",
+                        owner.namespace, owner.name, owner.uid
+                    ),
+                });
+            }
             for key in reservation_keys(device, kind) {
                 if let Some(owner) = self.by_key.get(&key)
                     && owner.uid != claim.uid
@@ -437,6 +525,65 @@ impl Reservations {
 
     fn release(&mut self, uid: &str) {
         self.by_key.retain(|_, owner| owner.uid != uid);
+        self.shared.retain(|_, holders| {
+            holders.owners.remove(uid);
+            !holders.owners.is_empty()
+        });
+    }
+
+    /// Reserves the consumable shares of a claim, or none: a device shared already must have
+    /// been prepared with the same config, and a device held exclusively is refused.
+    fn reserve_shares(
+        &mut self,
+        claim: &ClaimRef,
+        shares: &[SharedAllocation],
+    ) -> Result<(), DriverError> {
+        for share in shares {
+            if let Some(owner) = self.by_key.get(&share.device)
+                && owner.uid != claim.uid
+            {
+                return Err(DriverError::Device {
+                    device: share.device.clone(),
+                    reason: format!(
+                        "it is prepared for claim {}/{} ({}) without sharing; a share of it \
+                         cannot be prepared",
+                        owner.namespace, owner.name, owner.uid
+                    ),
+                });
+            }
+            if let Some(holders) = self.shared.get(&share.device)
+                && let Some(owner) = holders.owners.values().find(|o| o.uid != claim.uid)
+                && holders.config != share.config
+            {
+                return Err(DriverError::InvalidConfig(format!(
+                    "conflicting configuration: device {} is shared with claim {}/{} ({}), which \
+                     was prepared with {}; claims sharing a device must have identical \
+                     configs; this one has {}",
+                    share.device,
+                    owner.namespace,
+                    owner.name,
+                    owner.uid,
+                    holders.config,
+                    share.config
+                )));
+            }
+        }
+        let owner = Owner {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+        };
+        for share in shares {
+            self.shared
+                .entry(share.device.clone())
+                .or_insert_with(|| SharedHolders {
+                    config: share.config.clone(),
+                    owners: BTreeMap::new(),
+                })
+                .owners
+                .insert(claim.uid.clone(), owner.clone());
+        }
+        Ok(())
     }
 
     /// Releases a claim's devices and forgets its state.
@@ -465,6 +612,8 @@ impl Inner {
 struct Planned {
     device: String,
     admin_access: bool,
+    /// The share of a device allocated with consumable capacity.
+    share_id: Option<String>,
     target: Target,
     config: NvidiaConfig,
 }
@@ -616,8 +765,10 @@ fn prepare_blocking(
     claim: &ClaimRef,
     planned: Vec<Planned>,
 ) -> Result<Prepared, DriverError> {
+    let shares = shared_allocations(planned.as_slice())?;
     let reserved: Vec<(String, bool, PreparedKind)> = planned
         .iter()
+        .filter(|p| p.share_id.is_none())
         .map(|p| {
             (
                 p.device.clone(),
@@ -629,11 +780,37 @@ fn prepare_blocking(
     let earlier = {
         let mut reservations = inner.reservations();
         reservations.reserve(claim, &reserved)?;
+        if let Err(error) = reservations.reserve_shares(claim, &shares) {
+            reservations.release(&claim.uid);
+            if let Some(earlier) = reservations.states.get(&claim.uid).cloned() {
+                reservations.restore(&claim.uid, &claim.namespace, &claim.name, &earlier);
+            }
+            return Err(error);
+        }
         reservations.states.get(&claim.uid).cloned()
     };
+    // A retry of a claim the SDK failed after an earlier successful prepare: that attempt's
+    // daemons would be orphaned by this one.
+    if let Some(earlier) = &earlier {
+        let daemons: Vec<AppliedSharing> = earlier
+            .sharing
+            .iter()
+            .filter(|s| matches!(s, AppliedSharing::Mps(_)))
+            .cloned()
+            .collect();
+        for failure in claim_sharing::undo(inner, &claim.uid, &daemons) {
+            tracing::warn!(claim = %claim, failure, "stopping the MPS daemon of an earlier attempt");
+        }
+    }
 
     let mut bound: Vec<VfioBinding> = Vec::new();
-    let result = prepare_devices(inner, &planned, earlier.as_ref(), &mut bound);
+    let result =
+        prepare_devices(inner, &planned, earlier.as_ref(), &mut bound).and_then(|mut prepared| {
+            prepared.state.sharing =
+                claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
+            prepared.state.shares = shares.clone();
+            Ok(prepared)
+        });
     match result {
         Ok(prepared) => {
             // Reserve with the final identities (the VFIO bindings are known now).
@@ -660,6 +837,21 @@ fn prepare_blocking(
     }
 }
 
+/// The consumable shares of a claim, with their normalised configs.
+fn shared_allocations(planned: &[Planned]) -> Result<Vec<SharedAllocation>, DriverError> {
+    planned
+        .iter()
+        .filter_map(|plan| Some((plan, plan.share_id.as_ref()?)))
+        .map(|(plan, share_id)| {
+            Ok(SharedAllocation {
+                device: plan.device.clone(),
+                share_id: share_id.clone(),
+                config: serde_json::to_value(&plan.config).map_err(DriverError::other)?,
+            })
+        })
+        .collect()
+}
+
 fn prepare_devices(
     inner: &Inner,
     planned: &[Planned],
@@ -670,6 +862,7 @@ fn prepare_devices(
     let mut edits = Vec::with_capacity(planned.len());
     let mut state = ClaimState::default();
     let mut needs_driver = false;
+    // (`state.sharing` and `state.shares` are filled by the caller.)
     for plan in planned {
         let (device_edits, kind) = match &plan.target {
             Target::Gpu(gpu) => {
@@ -801,10 +994,11 @@ fn unprepare_blocking(
             failures.push(format!("{}: {error}", device.device));
         }
     }
+    failures.extend(claim_sharing::undo(inner, &claim.uid, &state.sharing));
     if !failures.is_empty() {
         // Keep the reservations: the devices are not back yet; the kubelet retries.
         return Err(DriverError::Unavailable(format!(
-            "returning VFIO devices to their driver: {}",
+            "undoing the prepare (VFIO bindings, sharing): {}",
             failures.join("; ")
         )));
     }
@@ -827,6 +1021,8 @@ impl Driver for NvidiaDriver {
     /// Starts the health monitor when health is on: the devices found now, in the pool
     /// named after the node.
     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        // Kept for reconcile, which records restarted MPS daemons in the checkpoint.
+        let _ = self.inner.context.set(ctx.clone());
         let Some(policy) = self.inner.health.clone() else {
             return Ok(());
         };
@@ -887,10 +1083,12 @@ impl Driver for NvidiaDriver {
             planned.push(Planned {
                 device: device.device.clone(),
                 admin_access: device.admin_access,
+                share_id: device.share_id.clone(),
                 target,
                 config,
             });
         }
+        claim_sharing::check(&inner, &planned)?;
 
         let claim_ref = claim.claim.clone();
         let task_inner = Arc::clone(&inner);
@@ -951,6 +1149,15 @@ impl Driver for NvidiaDriver {
             restored = ?report.restored,
             "reconciled with the checkpoint"
         );
+        if let Some(ctx) = self.inner.context.get() {
+            for (claim, state) in &report.restarted_states {
+                if let Err(error) = ctx.update_driver_state(&claim.uid, state).await {
+                    unreadable.push(format!(
+                        "claim {claim}: recording its restarted MPS daemon: {error}"
+                    ));
+                }
+            }
+        }
         for binding in &report.unowned {
             tracing::warn!(
                 bus_id = %binding.bus_id,

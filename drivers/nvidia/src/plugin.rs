@@ -35,6 +35,7 @@ use crate::devices::{DRIVER_NAME, Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
 use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
+use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 
 /// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
 #[derive(Clone, Debug, clap::Parser)]
@@ -42,7 +43,8 @@ use crate::host::{FakeHostTree, Host, HostError, SystemHost};
     name = "gpu-kubelet-plugin",
     version,
     about = "NVIDIA GPU DRA kubelet plugin (gpu.nvidia.com): publishes full GPUs, static MIG \
-             devices and VFIO devices, and prepares them for pods through CDI.",
+             devices and VFIO devices, and prepares them for pods through CDI, shared by \
+             time-slicing, MPS or consumable shares when configured.",
     after_help = "Without a GPU: --mock-profile dgx-a100 (or dgx-h100, mixed, workstation, or \
                   a profile file) serves a described machine; see drivers/nvidia/profiles/README.md."
 )]
@@ -95,11 +97,18 @@ pub struct NvidiaArgs {
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGates,
 
-    /// Let several claims share a device: `disabled`, `memory`, `unlimited` or a number of
-    /// shares. Anything but `disabled` needs the ConsumableShares gate, which this driver
-    /// does not implement yet (it refuses to start rather than ignore it).
+    /// Let several claims share a GPU or MIG device (published with
+    /// allowMultipleAllocations): `disabled`, `memory` (a claim takes all the memory unless it
+    /// asks for less), `unlimited` (a claim takes no memory unless it asks for some) or a
+    /// number of shares per device. Anything but `disabled` needs the ConsumableShares gate.
     #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
     pub consumable_shares: String,
+
+    /// With MPSSupport: where MPS control daemons keep their pipe, log and shm directories,
+    /// one directory per daemon. Must be visible at the same path on the node (it is under
+    /// the kubelet's plugins directory by default), since containers mount from it.
+    #[arg(long, env = "MPS_ROOT", default_value = crate::sharing::mps::DEFAULT_MPS_ROOT)]
+    pub mps_root: PathBuf,
 
     /// Serve a described machine instead of the GPUs NVML reports: a shipped profile
     /// (dgx-a100, dgx-h100, mixed, workstation) or a profile file. The mock's /proc, /sys and
@@ -160,10 +169,9 @@ impl NvidiaArgs {
 
 /// Gates this driver does not implement yet: enabling one is a start-up error, not a silent
 /// no-op.
-const UNIMPLEMENTED_GATES: [FeatureGate; 3] = [
+const UNIMPLEMENTED_GATES: [FeatureGate; 2] = [
     FeatureGate::DynamicMig,
     FeatureGate::FabricManagerPartitioning,
-    FeatureGate::ConsumableShares,
 ];
 
 /// Why the plugin cannot be assembled from its flags.
@@ -178,15 +186,18 @@ pub enum SetupError {
         /// The gate.
         gate: &'static str,
     },
-    /// `--consumable-shares` other than `disabled`.
+    /// `--consumable-shares` other than `disabled` without the gate.
     #[error(
-        "--consumable-shares={value}: consumable shares need the ConsumableShares feature gate, \
-         which this driver does not implement yet; use --consumable-shares=disabled"
+        "--consumable-shares={value}: consumable shares need the ConsumableShares feature gate \
+         (--feature-gates ConsumableShares=true), or use --consumable-shares=disabled"
     )]
     ConsumableShares {
         /// The value given.
         value: String,
     },
+    /// `--consumable-shares` does not parse.
+    #[error(transparent)]
+    ConsumableSharesValue(#[from] ConsumableSharesError),
     /// `--additional-xids-to-ignore` does not parse.
     #[error(transparent)]
     Xids(#[from] XidListError),
@@ -265,7 +276,8 @@ impl NvidiaPlugin {
         {
             return Err(SetupError::UnimplementedGate { gate: gate.name() });
         }
-        if args.consumable_shares.trim() != "disabled" {
+        let consumable: ConsumableShares = args.consumable_shares.parse()?;
+        if consumable.is_enabled() && !gates.is_enabled(FeatureGate::ConsumableShares) {
             return Err(SetupError::ConsumableShares {
                 value: args.consumable_shares.clone(),
             });
@@ -346,6 +358,11 @@ impl NvidiaPlugin {
         let mut builder = NvidiaDriver::builder(Arc::clone(&backend), Arc::clone(&host))
             .driver_root(driver_root)
             .feature_gates(gates)
+            .consumable_shares(consumable)
+            .mps(MpsSettings {
+                root: args.mps_root.clone(),
+                ..MpsSettings::default()
+            })
             .prepared_claims(prepared);
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
@@ -359,7 +376,8 @@ impl NvidiaPlugin {
             host.as_ref(),
             &DiscoveryOptions::new()
                 .passthrough(passthrough)
-                .list_type_attributes(list_type_attributes),
+                .list_type_attributes(list_type_attributes)
+                .consumable_shares(consumable),
         )?;
         Ok(Self {
             backend,
@@ -618,6 +636,43 @@ mod tests {
         let cli = parse(&["--mock-profile", "dgx-a100", "--consumable-shares", "4"]).unwrap();
         let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
         assert!(error.to_string().contains("ConsumableShares"), "{error}");
+    }
+
+    #[test]
+    fn consumable_shares_publish_every_gpu_and_mig_device_for_several_claims() {
+        let cli = parse(&[
+            "--mock-profile",
+            "dgx-a100",
+            "--feature-gates",
+            "ConsumableShares=true",
+            "--consumable-shares",
+            "4",
+        ])
+        .unwrap();
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        let resources = plugin.resources("node-1");
+        let devices = &resources.pools["node-1"].devices;
+        assert_eq!(devices.len(), 19);
+        for device in devices {
+            assert!(device.allow_multiple_allocations, "{}", device.name);
+            assert_eq!(device.capacity["shares"].value.0, "4", "{}", device.name);
+        }
+        let cli = parse(&[
+            "--mock-profile",
+            "dgx-a100",
+            "--feature-gates",
+            "ConsumableShares=true",
+            "--consumable-shares",
+            "some",
+        ])
+        .unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("--consumable-shares=\"some\""),
+            "{error}"
+        );
     }
 
     #[test]

@@ -278,22 +278,11 @@ fn sharing_needs_its_gate_and_is_not_implemented_yet() {
                 .into()
         )
     );
-    assert_eq!(
-        message(&time_sliced, &on),
-        Err(
-            "GPU sharing strategy \"TimeSlicing\" is not implemented yet (issue 15); remove \
-             `sharing` from the config"
-                .into()
-        )
-    );
-    assert_eq!(
-        message(&mig_mps, &on),
-        Err(
-            "MIG sharing strategy \"MPS\" is not implemented yet (issue 15); remove `sharing` \
-             from the config"
-                .into()
-        )
-    );
+    // With their gates on, both strategies are accepted, on GPUs and MIG devices.
+    assert_eq!(message(&time_sliced, &on), Ok(()));
+    assert_eq!(message(&mps, &on), Ok(()));
+    assert_eq!(message(&mig_mps, &on), Ok(()));
+    assert!(message(&mig_mps, &off).is_err());
     // Upstream accepts time-slicing on MIG devices and does nothing: so does this driver.
     assert_eq!(message(&mig_time_sliced, &on), Ok(()));
     assert!(message(&mig_time_sliced, &off).is_err());

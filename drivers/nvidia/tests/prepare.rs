@@ -1,8 +1,11 @@
 //! Prepare and unprepare: VFIO bind/unbind sequences with their exact sysfs writes and
 //! rollback, and whole claims through the kubelet simulator and the fake API server of
-//! dra-sdk's testing kit, on a fake host tree.
+//! dra-sdk's testing kit, on a fake host tree. GPU sharing (time-slicing, MPS, consumable
+//! shares) is in `prepare/sharing.rs`, a module of this test binary.
 
 mod fixture;
+#[path = "prepare/sharing.rs"]
+mod sharing;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -239,6 +242,11 @@ struct Running {
 async fn start(profile: &str, gates: &str) -> Running {
     let f = Fixture::new(profile);
     let driver = f.driver(gates);
+    start_driver(f, driver).await
+}
+
+/// A plugin serving `driver` (built on `f`) in a fresh test cluster.
+async fn start_driver(f: Fixture, driver: NvidiaDriver) -> Running {
     let cluster = TestCluster::start().await.unwrap();
     let plugin = cluster
         .plugin(driver.clone(), DRIVER_NAME)
@@ -507,34 +515,6 @@ async fn a_bad_config_fails_its_claim_only() {
     assert_eq!(
         r.driver.prepared_devices().into_keys().collect::<Vec<_>>(),
         ["gpu-3"]
-    );
-    r.shutdown().await;
-}
-
-#[tokio::test]
-async fn sharing_strategies_are_refused_until_issue_15() {
-    let r = start("dgx-a100", "TimeSlicingSettings=true").await;
-    let claim = r
-        .claim(
-            AllocatedClaim::new("default", "shared")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-5")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-                           "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}),
-                ),
-        )
-        .await;
-    let result = r
-        .kubelet
-        .prepare(std::slice::from_ref(&claim))
-        .await
-        .unwrap();
-    let error = result[&claim.uid].clone().unwrap_err();
-    assert!(
-        error.contains("GPU sharing strategy \"TimeSlicing\" is not implemented yet (issue 15)"),
-        "{error}"
     );
     r.shutdown().await;
 }

@@ -18,6 +18,7 @@ fn vfio_state(device: &str, binding: dra_driver_nvidia::driver::VfioBinding) -> 
             admin_access: false,
             kind: PreparedKind::Vfio(binding),
         }],
+        ..ClaimState::default()
     }
 }
 

@@ -167,6 +167,21 @@ impl DriverRoot {
         self.files.exists(Path::new(relative))
     }
 
+    /// Where the plugin finds the first of `names` that exists in one of `dirs` (paths
+    /// relative to the driver root): the path in the plugin's filesystem, to run or load it
+    /// from there (`/driver-root/usr/bin/nvidia-smi`). `None` when none exists.
+    pub fn find(&self, dirs: &[&str], names: &[&str]) -> Result<Option<PathBuf>, HostError> {
+        for dir in dirs {
+            for name in names {
+                let relative = format!("{dir}/{name}");
+                if self.exists(&relative)? {
+                    return Ok(Some(self.files.resolve(Path::new(&relative))));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// A bind mount of a file relative to the driver root, at the same path in the container.
     fn mount(&self, relative: &str) -> Mount {
         self.mount_at(relative, relative)
@@ -208,6 +223,11 @@ impl CdiEdits {
     /// The host the edits are computed from.
     pub fn host(&self) -> &Arc<dyn Host> {
         &self.host
+    }
+
+    /// The driver installation.
+    pub fn driver_root(&self) -> &DriverRoot {
+        &self.driver_root
     }
 
     /// The edits shared by the GPU and MIG devices of a claim: control and UVM nodes, driver

@@ -27,25 +27,23 @@
 //!   enableAPIDevice: true
 //! ```
 //!
-//! # What part 1 of the driver does with each setting
+//! # What the driver does with each setting
 //!
 //! Decoding, normalisation and validation are complete for every field. What the driver
-//! *does* with them:
+//! *does* with them (details in [`crate::sharing`] and `docs/sharing.md`):
 //!
 //! - **No `sharing`** (the default of every kind): the device is handed to the containers
 //!   as is; containers of one claim that reference the same request share it, which is what
 //!   upstream does too.
-//! - **`GpuConfig` with any sharing strategy, `MigDeviceConfig` with `MPS`**: time-slicing
-//!   and MPS are part 2 of the driver (issue 15). The claim fails at prepare with
-//!   [`ConfigSupportError::NotImplemented`]: "... is not implemented yet (issue 15)". The
-//!   driver does not pretend: upstream's time-slicing runs `nvidia-smi` to set the compute
-//!   mode and the time slice, and silently skipping that would hand out a GPU whose
-//!   scheduling is not what the user asked for. Before that check, the feature gate is
-//!   checked exactly as upstream does (`TimeSlicingSettings` for TimeSlicing, `MPSSupport`
-//!   for MPS), with upstream's message.
-//! - **`MigDeviceConfig` with `TimeSlicing`**: accepted when the `TimeSlicingSettings` gate is
-//!   on, and does nothing, exactly like upstream (MIG devices get no time-slice call).
+//! - **`TimeSlicing`** (gate `TimeSlicingSettings`): on full GPUs, the compute mode is set to
+//!   `DEFAULT` and the time slice to the interval with `nvidia-smi`; on MIG devices it is
+//!   accepted and does nothing, exactly like upstream (MIG devices have no time slice).
+//! - **`MPS`** (gate `MPSSupport`): one MPS control daemon per group of devices sharing the
+//!   config, with the limits of `mpsConfig`.
 //! - **`VfioDeviceConfig`**: fully applied (see [`crate::driver`]).
+//!
+//! Without its gate, a strategy fails the claim with upstream's message, which names the
+//! gate.
 //!
 //! # Which config applies to a device
 //!
@@ -141,33 +139,18 @@ impl NvidiaConfig {
     }
 
     /// Checks what depends on the node rather than on the config itself: the feature gate of
-    /// a sharing strategy, and whether this version of the driver implements it.
+    /// a sharing strategy (and of VFIO configs).
     ///
     /// See the [module documentation](self) for what is accepted.
     pub fn check_supported(&self, gates: &FeatureGates) -> Result<(), ConfigSupportError> {
         match self {
-            NvidiaConfig::Gpu(config) => match &config.sharing {
-                None => Ok(()),
-                Some(sharing) => {
-                    check_gate(sharing.strategy, gates)?;
-                    Err(ConfigSupportError::NotImplemented {
-                        what: format!("GPU sharing strategy {:?}", sharing.strategy.as_str()),
-                    })
-                }
-            },
-            NvidiaConfig::Mig(config) => match &config.sharing {
-                None => Ok(()),
-                Some(sharing) => {
-                    check_gate(sharing.strategy, gates)?;
-                    match sharing.strategy {
-                        // Upstream accepts it and does nothing: MIG devices have no time slice.
-                        SharingStrategy::TimeSlicing => Ok(()),
-                        SharingStrategy::Mps => Err(ConfigSupportError::NotImplemented {
-                            what: "MIG sharing strategy \"MPS\"".into(),
-                        }),
-                    }
-                }
-            },
+            NvidiaConfig::Gpu(GpuConfig {
+                sharing: Some(sharing),
+            }) => check_gate(sharing.strategy, gates),
+            NvidiaConfig::Mig(MigDeviceConfig {
+                sharing: Some(sharing),
+            }) => check_gate(sharing.strategy, gates),
+            NvidiaConfig::Gpu(_) | NvidiaConfig::Mig(_) => Ok(()),
             NvidiaConfig::Vfio(_) => {
                 if gates.is_enabled(FeatureGate::PassthroughSupport) {
                     Ok(())
@@ -178,6 +161,31 @@ impl NvidiaConfig {
                     })
                 }
             }
+        }
+    }
+
+    /// The sharing strategy and MPS settings of a GPU or MIG config, if any.
+    pub fn sharing(&self) -> Option<(SharingStrategy, Option<&MpsConfig>, TimeSliceInterval)> {
+        match self {
+            NvidiaConfig::Gpu(GpuConfig {
+                sharing: Some(sharing),
+            }) => Some((
+                sharing.strategy,
+                sharing.mps_config.as_ref(),
+                sharing
+                    .time_slicing_config
+                    .as_ref()
+                    .and_then(|config| config.interval)
+                    .unwrap_or_default(),
+            )),
+            NvidiaConfig::Mig(MigDeviceConfig {
+                sharing: Some(sharing),
+            }) => Some((
+                sharing.strategy,
+                sharing.mps_config.as_ref(),
+                TimeSliceInterval::Default,
+            )),
+            _ => None,
         }
     }
 }
@@ -235,12 +243,6 @@ pub enum ConfigSupportError {
         what: String,
         /// The gate it needs.
         gate: FeatureGate,
-    },
-    /// Part 2 of the driver (time-slicing and MPS, issue 15) is not there yet.
-    #[error("{what} is not implemented yet (issue 15); remove `sharing` from the config")]
-    NotImplemented {
-        /// What was asked for.
-        what: String,
     },
 }
 

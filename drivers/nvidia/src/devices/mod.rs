@@ -65,6 +65,7 @@ use crate::backend::{
     MigProfileInfo,
 };
 use crate::host::{Host, HostError, facts};
+use crate::sharing::ConsumableShares;
 
 /// The driver name: the attribute domain, and the `spec.driver` of its ResourceSlices.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -120,6 +121,9 @@ pub struct DiscoveryOptions {
     /// Publish `resource.kubernetes.io/numaNode` as a one-element int list (feature gate
     /// `DRAListTypeAttributes`, KEP-6072; Kubernetes 1.36+).
     pub list_type_attributes: bool,
+    /// Publish GPUs and MIG devices for several claims (gate `ConsumableShares`, see
+    /// [`crate::sharing::consumable`]).
+    pub consumable_shares: ConsumableShares,
 }
 
 impl DiscoveryOptions {
@@ -137,6 +141,12 @@ impl DiscoveryOptions {
     /// With list-typed attributes or without.
     pub fn list_type_attributes(mut self, enabled: bool) -> Self {
         self.list_type_attributes = enabled;
+        self
+    }
+
+    /// How GPUs and MIG devices are shared between claims.
+    pub fn consumable_shares(mut self, mode: ConsumableShares) -> Self {
+        self.consumable_shares = mode;
         self
     }
 }
@@ -351,6 +361,8 @@ pub struct Discovery {
     pub vfio: Vec<VfioDevice>,
     /// The hardware as the backend reported it.
     pub inventory: Inventory,
+    /// How GPUs and MIG devices are published for sharing.
+    pub consumable_shares: ConsumableShares,
 }
 
 impl Discovery {
@@ -514,6 +526,7 @@ impl Discovery {
             migs,
             vfio,
             inventory,
+            consumable_shares: options.consumable_shares,
         };
         discovery.check_names()?;
         Ok(discovery)
@@ -560,18 +573,23 @@ impl Discovery {
             .iter()
             .map(|gpu| {
                 let device = Device::new(&gpu.name).with_attributes(&gpu.attributes);
+                let device = self
+                    .consumable_shares
+                    .publish(device, gpu.info.memory_bytes);
                 match &gpu.twin_counter_set {
                     Some(set) => device.consumes(set, [(TWIN_COUNTER, "1")]),
                     None => device,
                 }
             })
             .chain(self.migs.iter().map(|mig| {
-                mig.mig.placement.slices().fold(
+                let device = mig.mig.placement.slices().fold(
                     Device::new(&mig.name).with_attributes(&mig.attributes),
                     |device, slice| {
                         device.capacity(format!("memorySlice{slice}"), DeviceCapacity::new("1"))
                     },
-                )
+                );
+                self.consumable_shares
+                    .publish(device, mig.profile.memory_bytes())
             }))
             .chain(self.vfio.iter().map(|vfio| {
                 Device::new(&vfio.name)

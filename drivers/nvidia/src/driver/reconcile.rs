@@ -48,6 +48,15 @@ pub struct ReconcileReport {
     pub unowned: Vec<UnownedBinding>,
     /// What could not be checked or restored, one message each.
     pub failures: Vec<String>,
+    /// IDs of the MPS daemons of completed claims found running and adopted.
+    pub daemons_adopted: Vec<String>,
+    /// IDs of the MPS daemons of completed claims found stopped and started again.
+    pub daemons_restarted: Vec<String>,
+    /// IDs of MPS daemons no completed claim owns, stopped.
+    pub daemons_stopped: Vec<String>,
+    /// The new driver state of each claim whose daemon was started again (new pid and start
+    /// time), to be written to the checkpoint.
+    pub restarted_states: Vec<(ClaimRef, ClaimState)>,
 }
 
 /// Whether `driver` is a VFIO driver (`vfio-pci`, `nvgrace-gpu-vfio-pci`, ...).
@@ -92,11 +101,13 @@ fn reconcile(inner: &Inner, completed: Vec<(ClaimRef, ClaimState)>) -> Reconcile
     // Bindings provably ours: recorded by a claim that is no longer completed, and changed
     // by prepare (a GPU that was on VFIO before stays there).
     let mut ours: BTreeMap<String, VfioBinding> = BTreeMap::new();
+    let mut released: Vec<(String, ClaimState)> = Vec::new();
     for (uid, state) in &previous.states {
         if completed.iter().any(|(claim, _)| &claim.uid == uid) {
             continue;
         }
         report.released.push(uid.clone());
+        released.push((uid.clone(), state.clone()));
         for device in &state.devices {
             if let PreparedKind::Vfio(binding) = &device.kind
                 && binding.rebound()
@@ -166,6 +177,7 @@ fn reconcile(inner: &Inner, completed: Vec<(ClaimRef, ClaimState)>) -> Reconcile
             }),
         }
     }
+    super::claim_sharing::reconcile_daemons(inner, &completed, &released, &mut report);
     report
 }
 

@@ -35,6 +35,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod fake;
+pub mod process;
 mod rooted;
 mod system;
 
@@ -43,6 +44,7 @@ pub use fake::{
     NVIDIA_GPU_MAJOR, NVIDIA_UVM_MAJOR, VFIO_MAJOR, mig_ci_capability_minor,
     mig_gi_capability_minor,
 };
+pub use process::ProcessId;
 pub use rooted::{HostEvent, RootedHost};
 pub use system::SystemHost;
 
@@ -82,6 +84,16 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Runs a command to completion. A non-zero exit is not an error here; see
     /// [`CommandOutput::success`].
     fn run(&self, command: &HostCommand) -> Result<CommandOutput, HostError>;
+
+    /// Starts a long-running process (a sharing daemon) without waiting for it: in a process
+    /// group of its own, standard streams on `/dev/null`, so that it outlives the plugin
+    /// process. Returns its identity ([`process::ProcessId`]: pid and start time), which is
+    /// what a restarted plugin checks before adopting it.
+    fn spawn(&self, command: &HostCommand) -> Result<process::ProcessId, HostError>;
+
+    /// Sends SIGTERM (SIGKILL with `force`) to a process this plugin started. A process that
+    /// is gone already is not an error.
+    fn signal(&self, process: &process::ProcessId, force: bool) -> Result<(), HostError>;
 }
 
 /// A character or block device node.
@@ -124,6 +136,11 @@ pub struct HostCommand {
     /// Run it with the host root as `/` (`chroot <root> program args…`), as upstream does for
     /// `modprobe` and `fuser` when the plugin runs in a container.
     pub chroot: bool,
+    /// Environment variables set for it, on top of the plugin's.
+    pub env: Vec<(String, String)>,
+    /// What it reads on its standard input (`nvidia-cuda-mps-control` takes its commands
+    /// there); nothing when `None`.
+    pub stdin: Option<String>,
 }
 
 impl HostCommand {
@@ -137,6 +154,8 @@ impl HostCommand {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             chroot: false,
+            env: Vec::new(),
+            stdin: None,
         }
     }
 
@@ -145,10 +164,25 @@ impl HostCommand {
         self.chroot = true;
         self
     }
+
+    /// The same command with one more environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The same command, reading `input` on its standard input.
+    pub fn stdin(mut self, input: impl Into<String>) -> Self {
+        self.stdin = Some(input.into());
+        self
+    }
 }
 
 impl fmt::Display for HostCommand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (key, value) in &self.env {
+            write!(f, "{key}={value} ")?;
+        }
         f.write_str(&self.program)?;
         for arg in &self.args {
             write!(f, " {arg}")?;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::system::{read_dir_names, write_in_place};
-use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError};
+use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError, ProcessId};
 
 /// What a [`RootedHost`] was asked to do, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,6 +19,16 @@ pub enum HostEvent {
     },
     /// A command run.
     Command(HostCommand),
+    /// A long-running process started ([`Host::spawn`]), as the driver asked for it (the
+    /// stand-in that actually ran is not recorded).
+    Spawn(HostCommand),
+    /// A signal sent to a process ([`Host::signal`]): its pid, and whether it was SIGKILL.
+    Signal {
+        /// The process.
+        pid: u32,
+        /// SIGKILL rather than SIGTERM.
+        force: bool,
+    },
 }
 
 impl HostEvent {
@@ -42,6 +52,8 @@ struct Script {
 struct State {
     events: Vec<HostEvent>,
     scripts: Vec<Script>,
+    /// Program → the command that really runs when the driver spawns it.
+    stand_ins: Vec<(String, HostCommand)>,
 }
 
 /// A host whose filesystem is a directory (a temporary one in tests). Clones share state.
@@ -57,6 +69,10 @@ struct State {
 ///   empty line to `driver_override` clears it (reads back `(null)`).
 /// * Commands are answered from a script ([`RootedHost::script`]); an unscripted command is
 ///   an error.
+/// * Long-running processes ([`Host::spawn`]) are real processes: a stand-in registered with
+///   [`RootedHost::stand_in`] (a `sleep`, a small shell script) runs instead of the program,
+///   with the requested command's environment, so that tests can check what a restarted
+///   plugin finds. Signals are real too, and recorded.
 #[derive(Clone, Debug)]
 pub struct RootedHost {
     root: PathBuf,
@@ -98,6 +114,12 @@ impl RootedHost {
             args,
             outputs: outputs.into_iter().collect(),
         });
+    }
+
+    /// Runs `stand_in` (with the environment the driver sets) whenever the driver spawns
+    /// `program`. Later stand-ins take precedence.
+    pub fn stand_in(&self, program: &str, stand_in: HostCommand) {
+        self.state().stand_ins.push((program.to_owned(), stand_in));
     }
 
     /// Everything written and run so far.
@@ -281,6 +303,36 @@ impl Host for RootedHost {
             script.outputs.front().cloned()
         };
         Ok(output.unwrap_or_default())
+    }
+
+    fn spawn(&self, command: &HostCommand) -> Result<ProcessId, HostError> {
+        let stand_in = {
+            let mut state = self.state();
+            state.events.push(HostEvent::Spawn(command.clone()));
+            state
+                .stand_ins
+                .iter()
+                .rev()
+                .find(|(program, _)| *program == command.program)
+                .map(|(_, stand_in)| stand_in.clone())
+        };
+        let Some(stand_in) = stand_in else {
+            return Err(HostError::Command {
+                command: command.to_string(),
+                reason: "no stand-in process in this RootedHost".into(),
+            });
+        };
+        let mut real = stand_in.clone();
+        real.env = command.env.iter().chain(&stand_in.env).cloned().collect();
+        super::process::spawn_detached(&real, &real.program, &real.args)
+    }
+
+    fn signal(&self, process: &ProcessId, force: bool) -> Result<(), HostError> {
+        self.state().events.push(HostEvent::Signal {
+            pid: process.pid,
+            force,
+        });
+        super::process::signal(process, force)
     }
 }
 

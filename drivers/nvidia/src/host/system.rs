@@ -2,9 +2,9 @@
 
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
-use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError};
+use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError, ProcessId};
 
 /// The machine the plugin runs on, with host paths resolved under `root`: `/` for a plugin
 /// that sees the host's filesystem, `/host-root` (upstream's `--host-root`) for one in a
@@ -89,25 +89,61 @@ impl Host for SystemHost {
 
     fn run(&self, command: &HostCommand) -> Result<CommandOutput, HostError> {
         let _span = tracing::debug_span!("host command", command = %command).entered();
-        let mut process = if command.chroot && self.root != Path::new("/") {
-            let mut process = Command::new("chroot");
-            process.arg(&self.root).arg(&command.program);
-            process
-        } else {
-            Command::new(&command.program)
+        let (program, args) = self.command_line(command);
+        let failed = |error: std::io::Error| HostError::Command {
+            command: command.to_string(),
+            reason: error.to_string(),
         };
-        let output = process
-            .args(&command.args)
-            .output()
-            .map_err(|error| HostError::Command {
-                command: command.to_string(),
-                reason: error.to_string(),
-            })?;
+        let mut process = Command::new(program);
+        process
+            .args(args)
+            .envs(command.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(if command.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+        let mut child = process.spawn().map_err(failed)?;
+        if let (Some(input), Some(mut stdin)) = (&command.stdin, child.stdin.take()) {
+            use std::io::Write as _;
+            stdin.write_all(input.as_bytes()).map_err(failed)?;
+            // Dropping it closes the pipe: the command sees the end of its input.
+        }
+        let output = child.wait_with_output().map_err(failed)?;
         Ok(CommandOutput {
             status: output.status.code(),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         })
+    }
+
+    fn spawn(&self, command: &HostCommand) -> Result<ProcessId, HostError> {
+        tracing::info!(command = %command, "starting a daemon");
+        let (program, args) = self.command_line(command);
+        super::process::spawn_detached(command, &program, &args)
+    }
+
+    fn signal(&self, process: &ProcessId, force: bool) -> Result<(), HostError> {
+        super::process::signal(process, force)
+    }
+}
+
+impl SystemHost {
+    /// The program and arguments that run `command`: chrooted into the host root when asked
+    /// and the root is not `/`.
+    fn command_line(&self, command: &HostCommand) -> (String, Vec<String>) {
+        if command.chroot && self.root != Path::new("/") {
+            let mut args = vec![
+                self.root.to_string_lossy().into_owned(),
+                command.program.clone(),
+            ];
+            args.extend(command.args.iter().cloned());
+            ("chroot".to_owned(), args)
+        } else {
+            (command.program.clone(), command.args.clone())
+        }
     }
 }
 
@@ -177,6 +213,14 @@ mod tests {
             .unwrap();
         assert_eq!(output.status, Some(3));
         assert_eq!(output.stdout, "hi\n");
+        let output = host
+            .run(
+                &HostCommand::new("sh", ["-c", "read line; echo \"$GREETING $line\""])
+                    .env("GREETING", "hello")
+                    .stdin("world\n"),
+            )
+            .unwrap();
+        assert_eq!(output.stdout, "hello world\n");
         let error = host.run(&HostCommand::new("/no/such/program", Vec::<String>::new()));
         assert!(error.unwrap_err().to_string().contains("/no/such/program"));
     }
