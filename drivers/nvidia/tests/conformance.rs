@@ -1,6 +1,8 @@
 //! `gpu-kubelet-plugin` passes the SDK's conformance suite with the mock backend, for every
 //! shipped profile: every case, in process, with a restart in the middle that rebuilds the
-//! driver from the checkpoint as the binary does.
+//! driver from the checkpoint as the binary does. The sharing gates run the suite too: the
+//! time-slicing and MPS gates together, and consumable shares (devices published with
+//! `allowMultipleAllocations`).
 
 use std::sync::Arc;
 
@@ -9,6 +11,7 @@ use dra_driver_nvidia::cdi::DriverRoot;
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::driver::NvidiaDriver;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME};
 use dra_sdk::testing::conformance::{Conformance, Outcome};
@@ -16,14 +19,25 @@ use dra_sdk::testing::conformance::{Conformance, Outcome};
 /// `single_device`: the suite keeps each case's claims allocated, so on a one-GPU machine
 /// the cases after the first allocation find no free device and are skipped (not failed).
 async fn conformant(profile: &str, single_device: bool) {
-    let cli = Cli::try_parse_from([
-        "gpu-kubelet-plugin",
-        "--node-name",
-        NODE_NAME,
-        "--mock-profile",
-        profile,
-    ])
+    conformant_with(profile, single_device, &[]).await;
+}
+
+/// The suite with more plugin flags (feature gates, `--consumable-shares`).
+async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
+    let cli = Cli::try_parse_from(
+        [
+            "gpu-kubelet-plugin",
+            "--node-name",
+            NODE_NAME,
+            "--mock-profile",
+            profile,
+        ]
+        .iter()
+        .chain(flags),
+    )
     .unwrap();
+    let gates = cli.nvidia.feature_gates.clone();
+    let consumable: ConsumableShares = cli.nvidia.consumable_shares.parse().unwrap();
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
     let resources = nvidia.resources(NODE_NAME);
     let (backend, host) = (Arc::clone(&nvidia.backend), Arc::clone(&nvidia.host));
@@ -33,6 +47,8 @@ async fn conformant(profile: &str, single_device: bool) {
             Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
         let driver = NvidiaDriver::builder(Arc::clone(&backend), Arc::clone(&host))
             .driver_root(DriverRoot::new(Arc::clone(&host), "/"))
+            .feature_gates(gates.clone())
+            .consumable_shares(consumable)
             .prepared_claims(checkpoint.records().unwrap())
             .build();
         drop(checkpoint);
@@ -81,4 +97,29 @@ async fn mixed_is_conformant() {
 #[tokio::test]
 async fn workstation_is_conformant() {
     conformant("workstation", true).await;
+}
+
+#[tokio::test]
+async fn dgx_a100_is_conformant_with_time_slicing_and_mps_enabled() {
+    conformant_with(
+        "dgx-a100",
+        false,
+        &["--feature-gates", "TimeSlicingSettings=true,MPSSupport=true"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn dgx_h100_is_conformant_with_consumable_shares() {
+    conformant_with(
+        "dgx-h100",
+        false,
+        &[
+            "--feature-gates",
+            "ConsumableShares=true,TimeSlicingSettings=true",
+            "--consumable-shares",
+            "memory",
+        ],
+    )
+    .await;
 }
