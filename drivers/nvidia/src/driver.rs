@@ -10,16 +10,19 @@
 //!    that this node honours it ([`NvidiaConfig::check_supported`]);
 //! 3. reserve the devices: a device (or, for a GPU and its VFIO twin, the PCI function)
 //!    already prepared for another claim is refused, unless one of the two allocations has
-//!    admin access;
+//!    admin access, or both are consumable shares with identical configs;
 //! 4. bind VFIO devices to their VFIO driver ([`VfioBinder`]), then compute every device's
 //!    container edits from the host state ([`CdiEdits`]). Any failure restores the VFIO
 //!    devices bound so far and releases the reservations, so a failed prepare leaves the
 //!    node as it found it;
-//! 5. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
+//! 5. apply the sharing strategy of each config group (time slices, MPS daemons, see
+//!    [`crate::sharing`]), adding the MPS edits; a failure undoes it with the rest;
+//! 6. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
 //!
 //! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
 //! unreadable state is logged and nothing is undone),
-//! returns VFIO devices to their previous driver and releases the reservations. It tolerates
+//! returns VFIO devices to their previous driver, undoes sharing (time slices reset and
+//! MPS daemons stopped unless another claim still uses the GPU) and releases the reservations. It tolerates
 //! a missing state (a prepare that failed or was interrupted undid its own work) and a GPU
 //! already back on its driver, so it is idempotent.
 //!
