@@ -104,7 +104,10 @@ async fn dgx_a100_is_conformant_with_time_slicing_and_mps_enabled() {
     conformant_with(
         "dgx-a100",
         false,
-        &["--feature-gates", "TimeSlicingSettings=true,MPSSupport=true"],
+        &[
+            "--feature-gates",
+            "TimeSlicingSettings=true,MPSSupport=true",
+        ],
     )
     .await;
 }

@@ -593,7 +593,7 @@ async fn a_daemon_no_completed_claim_owns_is_stopped_at_start() {
             .mps(settings)
             .build()
             .reconcile_claims(Vec::new());
-    assert_eq!(report.daemons_stopped, [record.id.clone()]);
+    assert_eq!(report.daemons_stopped, std::slice::from_ref(&record.id));
     assert!(report.failures.is_empty(), "{:?}", report.failures);
     wait_until_stopped(&record.process);
     assert!(!record.dir.exists());
