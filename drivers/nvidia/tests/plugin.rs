@@ -1,14 +1,17 @@
 //! `gpu-kubelet-plugin` on a mock machine against the SDK's test cluster: what it publishes
 //! reaches the API server as valid ResourceSlices, the DeviceClasses select by type, claims
 //! written as in the public guides (CEL on productName, on the memory capacity, on the MIG
-//! profile) allocate the expected devices, and a GPU and its VFIO twin are never allocated
-//! together.
+//! profile) allocate the expected devices, a GPU and its VFIO twin are never allocated
+//! together, and with consumable shares a GPU is allocated to as many claims as it has
+//! shares.
 
 use clap::Parser;
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
+};
 use kube::api::{Api, ListParams, PostParams};
 
 struct Fixture {
@@ -18,15 +21,22 @@ struct Fixture {
 }
 
 async fn start(profile: &str, gates: &str) -> Fixture {
-    let cli = Cli::try_parse_from([
-        "gpu-kubelet-plugin",
-        "--node-name",
-        NODE_NAME,
-        "--mock-profile",
-        profile,
-        "--feature-gates",
-        gates,
-    ])
+    start_with(profile, &["--feature-gates", gates]).await
+}
+
+/// The plugin with more flags.
+async fn start_with(profile: &str, flags: &[&str]) -> Fixture {
+    let cli = Cli::try_parse_from(
+        [
+            "gpu-kubelet-plugin",
+            "--node-name",
+            NODE_NAME,
+            "--mock-profile",
+            profile,
+        ]
+        .iter()
+        .chain(flags),
+    )
     .unwrap();
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
     let cluster = TestCluster::start().await.unwrap();
@@ -78,6 +88,21 @@ impl Fixture {
         class: &str,
         selector: Option<&str>,
     ) -> Result<Vec<String>, String> {
+        Ok(self
+            .allocate_results(name, class, selector)
+            .await?
+            .into_iter()
+            .map(|result| result.device)
+            .collect())
+    }
+
+    /// [`allocate`](Self::allocate), with the whole allocation results.
+    async fn allocate_results(
+        &self,
+        name: &str,
+        class: &str,
+        selector: Option<&str>,
+    ) -> Result<Vec<DeviceRequestAllocationResult>, String> {
         let mut claim = NewClaim::new("default", name).request("req", class);
         if let Some(selector) = selector {
             claim = claim.selector(selector);
@@ -93,14 +118,7 @@ impl Fixture {
             .status
             .and_then(|status| status.allocation)
             .and_then(|allocation| allocation.devices)
-            .map(|devices| {
-                devices
-                    .results
-                    .into_iter()
-                    .flatten()
-                    .map(|result| result.device)
-                    .collect()
-            })
+            .and_then(|devices| devices.results)
             .unwrap_or_default())
     }
 }
@@ -207,4 +225,35 @@ async fn a_gpu_and_its_vfio_twin_are_never_allocated_together() {
             .await
             .is_err()
     );
+}
+
+#[tokio::test]
+async fn with_consumable_shares_a_gpu_is_allocated_to_as_many_claims_as_it_has_shares() {
+    let fixture = start_with(
+        "workstation",
+        &[
+            "--feature-gates",
+            "ConsumableShares=true",
+            "--consumable-shares",
+            "2",
+        ],
+    )
+    .await;
+    let mut shares = Vec::new();
+    for name in ["first", "second"] {
+        let results = fixture
+            .allocate_results(name, "gpu.nvidia.com", None)
+            .await
+            .unwrap();
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0].device, "gpu-0");
+        shares.push(results[0].share_id.clone().expect("a share ID"));
+    }
+    assert_ne!(shares[0], shares[1]);
+    // Both shares of the only GPU are taken.
+    let error = fixture
+        .allocate("third", "gpu.nvidia.com", None)
+        .await
+        .unwrap_err();
+    assert!(!error.is_empty());
 }

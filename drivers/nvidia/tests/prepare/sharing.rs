@@ -250,8 +250,8 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
 
 /// A driver root whose `nvidia-cuda-mps-control` is a stand-in: `sh` creating the control
 /// socket (a plain file) and then sleeping, as a daemon would.
-fn mps_fixture() -> (Fixture, MpsSettings) {
-    let f = Fixture::new("dgx-h100");
+fn mps_fixture(profile: &str) -> (Fixture, MpsSettings) {
+    let f = Fixture::new(profile);
     let control = tool(&f, "nvidia-cuda-mps-control");
     f.host.stand_in(
         &control,
@@ -304,7 +304,7 @@ fn wait_until_stopped(process: &ProcessId) {
 
 #[tokio::test]
 async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare() {
-    let (f, settings) = mps_fixture();
+    let (f, settings) = mps_fixture("dgx-h100");
     let driver = f.builder("MPSSupport=true").mps(settings.clone()).build();
     let r = start_driver(f, driver).await;
     let (gpu2, gpu3) = (uuid(&r.f, 2), uuid(&r.f, 3));
@@ -500,7 +500,7 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
 
 #[tokio::test]
 async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
-    let (f, settings) = mps_fixture();
+    let (f, settings) = mps_fixture("dgx-h100");
     // A daemon that exits at once.
     f.host.stand_in(
         &tool(&f, "nvidia-cuda-mps-control"),
@@ -570,7 +570,7 @@ async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
 
 #[tokio::test]
 async fn a_daemon_no_completed_claim_owns_is_stopped_at_start() {
-    let (f, settings) = mps_fixture();
+    let (f, settings) = mps_fixture("dgx-h100");
     let driver = f.builder("MPSSupport=true").mps(settings.clone()).build();
     let r = start_driver(f, driver).await;
     let claim = r
@@ -602,7 +602,7 @@ async fn a_daemon_no_completed_claim_owns_is_stopped_at_start() {
 
 #[tokio::test]
 async fn mps_is_refused_with_consumable_shares() {
-    let (f, settings) = mps_fixture();
+    let (f, settings) = mps_fixture("dgx-h100");
     let driver = f
         .builder("MPSSupport=true,ConsumableShares=true")
         .mps(settings)
@@ -626,5 +626,69 @@ async fn mps_is_refused_with_consumable_shares() {
         "{error}"
     );
     assert_eq!(r.f.host.events(), []);
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn on_mig_devices_mps_leaves_the_compute_mode_alone_and_time_slicing_does_nothing() {
+    let (f, settings) = mps_fixture("dgx-a100");
+    let driver = f
+        .builder("MPSSupport=true,TimeSlicingSettings=true")
+        .mps(settings)
+        .build();
+    let r = start_driver(f, driver).await;
+    let parent = &r.f.inventory.gpus[0];
+    let mig_name = |index: usize| {
+        let mig = &parent.mig_devices[index];
+        format!(
+            "gpu-{}-mig-1g10gb-{}-{}",
+            parent.info.minor, mig.profile_id, mig.placement.start
+        )
+    };
+    let mig_config = |strategy: &str| {
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+               "sharing": {"strategy": strategy}})
+    };
+    let sliced = r
+        .claim(
+            AllocatedClaim::new("default", "sliced")
+                .device("mig", DRIVER_NAME, NODE_NAME, &mig_name(0))
+                .claim_config(&["mig"], DRIVER_NAME, mig_config("TimeSlicing")),
+        )
+        .await;
+    prepare_one(&r, &sliced).await.unwrap();
+    assert_eq!(r.f.host.events(), [], "MIG devices have no time slice");
+    assert!(recorded_state(&r.cluster, &sliced).get("sharing").is_none());
+
+    let mps = r
+        .claim(
+            AllocatedClaim::new("default", "mps")
+                .device("mig", DRIVER_NAME, NODE_NAME, &mig_name(1))
+                .claim_config(&["mig"], DRIVER_NAME, mig_config("MPS")),
+        )
+        .await;
+    prepare_one(&r, &mps).await.unwrap();
+    let record = mps_record(&recorded_state(&r.cluster, &mps));
+    assert!(record.exclusive_gpus.is_empty());
+    let events = r.f.host.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let HostEvent::Spawn(spawn) = &events[1] else {
+        panic!("{events:?}");
+    };
+    assert!(spawn.env.contains(&(
+        "CUDA_VISIBLE_DEVICES".to_owned(),
+        parent.mig_devices[1].uuid.clone()
+    )));
+    r.f.host.clear_events();
+    unprepare_one(&r, &mps).await;
+    // quit, SIGTERM, umount: no compute mode to reset.
+    assert!(
+        r.f.host.events().iter().all(
+            |event| !matches!(event, HostEvent::Command(c) if c.program.ends_with("nvidia-smi"))
+        ),
+        "{:?}",
+        r.f.host.events()
+    );
+    assert!(!record.process.is_running());
     r.shutdown().await;
 }
