@@ -77,6 +77,10 @@ pub struct MpsSettings {
     pub ready_cap: Duration,
     /// How long `quit` (then SIGTERM) gets before the next, harder stop.
     pub stop_grace: Duration,
+    /// A daemon no completed claim records is stopped at start only when its record is at
+    /// least this old: a younger one may belong to a prepare still running in another
+    /// instance of the plugin (a rolling update).
+    pub orphan_grace: Duration,
 }
 
 impl Default for MpsSettings {
@@ -88,6 +92,7 @@ impl Default for MpsSettings {
             ready_steps: 4,
             ready_cap: Duration::from_secs(10),
             stop_grace: Duration::from_secs(10),
+            orphan_grace: Duration::from_secs(120),
         }
     }
 }
@@ -488,8 +493,9 @@ pub fn ensure_running(
     Ok(Readoption::Restarted(restarted))
 }
 
-/// The daemons recorded under the MPS root (`<root>/<id>/daemon.json`), for finding those
-/// no prepared claim owns. Unreadable records are skipped with a warning.
+/// The daemons recorded under the MPS root (`<root>/<id>/daemon.json`) at least
+/// [`MpsSettings::orphan_grace`] ago, for finding those no prepared claim owns. Unreadable
+/// records are skipped with a warning.
 pub fn recorded_daemons(settings: &MpsSettings) -> Vec<MpsDaemonRecord> {
     let Ok(entries) = std::fs::read_dir(&settings.root) else {
         return Vec::new();
@@ -497,6 +503,13 @@ pub fn recorded_daemons(settings: &MpsSettings) -> Vec<MpsDaemonRecord> {
     let mut records = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path().join(RECORD_FILE);
+        let age = std::fs::metadata(&path)
+            .and_then(|metadata| metadata.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok());
+        if age.is_none_or(|age| age < settings.orphan_grace) {
+            continue;
+        }
         let Ok(text) = std::fs::read(&path) else {
             continue;
         };

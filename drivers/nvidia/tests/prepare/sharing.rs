@@ -277,6 +277,7 @@ fn mps_fixture(profile: &str) -> (Fixture, MpsSettings) {
         ready_steps: 8,
         ready_cap: Duration::from_millis(200),
         stop_grace: Duration::from_millis(300),
+        orphan_grace: Duration::ZERO,
     };
     (f, settings)
 }
