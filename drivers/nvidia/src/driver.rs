@@ -21,10 +21,10 @@
 //!
 //! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
 //! unreadable state is logged and nothing is undone),
-//! returns VFIO devices to their previous driver, undoes sharing (time slices reset and
-//! MPS daemons stopped unless another claim still uses the GPU) and releases the reservations. It tolerates
-//! a missing state (a prepare that failed or was interrupted undid its own work) and a GPU
-//! already back on its driver, so it is idempotent.
+//! returns VFIO devices to their previous driver, undoes sharing (MPS daemons stopped; time
+//! slices and compute modes reset unless another claim still uses the GPU) and releases the
+//! reservations. It tolerates a missing state (a prepare that failed or was interrupted undid
+//! its own work) and a GPU already back on its driver, so it is idempotent.
 //!
 //! The reservations live in memory. A plugin restart rebuilds them from the checkpoint with
 //! [`NvidiaDriverBuilder::prepared_claims`].
@@ -269,7 +269,8 @@ impl NvidiaDriver {
     }
 
     /// Device names currently prepared, with the UID of the claim that holds each (admin
-    /// access allocations excluded).
+    /// access allocations and consumable shares excluded: see
+    /// [`shared_devices`](Self::shared_devices)).
     pub fn prepared_devices(&self) -> BTreeMap<String, String> {
         self.inner
             .reservations()

@@ -126,3 +126,31 @@ async fn dgx_h100_is_conformant_with_consumable_shares() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn dgx_a100_is_conformant_with_every_sharing_gate_and_passthrough() {
+    conformant_with(
+        "dgx-a100",
+        false,
+        &[
+            "--feature-gates",
+            "TimeSlicingSettings=true,MPSSupport=true,ConsumableShares=true,PassthroughSupport=true",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn mixed_is_conformant_with_four_shares_per_device() {
+    conformant_with(
+        "mixed",
+        false,
+        &[
+            "--feature-gates",
+            "ConsumableShares=true",
+            "--consumable-shares",
+            "4",
+        ],
+    )
+    .await;
+}
