@@ -54,7 +54,7 @@ mod vfio;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use dra_sdk::cdi::ContainerEdits;
@@ -210,7 +210,7 @@ impl NvidiaDriverBuilder {
                 health: self.health,
                 mps: self.mps,
                 consumable: self.consumable,
-                context: OnceLock::new(),
+                context: Mutex::new(None),
             }),
         }
     }
@@ -235,8 +235,9 @@ struct Inner {
     health: Option<HealthPolicy>,
     mps: MpsSettings,
     consumable: ConsumableShares,
-    /// The plugin's context, from `start`: reconcile writes restarted daemons' records with it.
-    context: OnceLock<DriverContext>,
+    /// The context of the plugin that started the driver last (`start`): reconcile writes
+    /// restarted daemons' records with it.
+    context: Mutex<Option<DriverContext>>,
 }
 
 impl NvidiaDriver {
@@ -1026,7 +1027,11 @@ impl Driver for NvidiaDriver {
     /// named after the node.
     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
         // Kept for reconcile, which records restarted MPS daemons in the checkpoint.
-        let _ = self.inner.context.set(ctx.clone());
+        *self
+            .inner
+            .context
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(ctx.clone());
         let Some(policy) = self.inner.health.clone() else {
             return Ok(());
         };
@@ -1153,7 +1158,13 @@ impl Driver for NvidiaDriver {
             restored = ?report.restored,
             "reconciled with the checkpoint"
         );
-        if let Some(ctx) = self.inner.context.get() {
+        let context = self
+            .inner
+            .context
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        if let Some(ctx) = context {
             for (claim, state) in &report.restarted_states {
                 if let Err(error) = ctx.update_driver_state(&claim.uid, state).await {
                     unreadable.push(format!(

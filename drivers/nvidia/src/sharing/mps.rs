@@ -303,6 +303,9 @@ fn launch(
     settings: &MpsSettings,
     record: &mut MpsDaemonRecord,
 ) -> Result<(), SharingError> {
+    // A control socket left by an earlier daemon would pass the readiness check before the
+    // new one listens.
+    let _ = std::fs::remove_file(record.pipe_dir().join("control"));
     let mut args = vec!["-f"];
     if record.multi_user {
         args.push("-M");
@@ -412,27 +415,7 @@ pub fn stop(
     record: &MpsDaemonRecord,
     reset_gpus: &[String],
 ) -> Result<(), SharingError> {
-    if record.process.pid != 0 && record.process.is_running() {
-        // `quit` asks the daemon to stop; it fails harmlessly if the pipe is gone.
-        let quit = control_command(tools, record, "quit");
-        if let Err(error) = tools.run(&quit) {
-            tracing::warn!(%error, "quit on the control pipe failed");
-        }
-        let mut stopped = wait_exit(&record.process, settings.stop_grace);
-        for force in [false, true] {
-            if stopped {
-                break;
-            }
-            tools.host().signal(&record.process, force)?;
-            stopped = wait_exit(&record.process, settings.stop_grace);
-        }
-        if !stopped {
-            return Err(SharingError::Daemon {
-                id: record.id.clone(),
-                reason: format!("pid {} survived SIGKILL", record.process.pid),
-            });
-        }
-    }
+    terminate(tools, settings, record)?;
     if record.shm_mounted && record.shm_dir().exists() {
         let shm = record.shm_dir().display().to_string();
         match tools.run(&HostCommand::new("umount", [shm])) {
@@ -452,6 +435,39 @@ pub fn stop(
     }
     tracing::info!("MPS control daemon stopped");
     Ok(())
+}
+
+/// Ends the daemon process of `record`, if it still runs: `quit` on the control pipe, then
+/// SIGTERM, then SIGKILL, each given [`MpsSettings::stop_grace`].
+fn terminate(
+    tools: &Tools<'_>,
+    settings: &MpsSettings,
+    record: &MpsDaemonRecord,
+) -> Result<(), SharingError> {
+    if record.process.pid == 0 || !record.process.is_running() {
+        return Ok(());
+    }
+    // `quit` asks the daemon to stop; it fails harmlessly if the pipe is gone.
+    let quit = control_command(tools, record, "quit");
+    if let Err(error) = tools.run(&quit) {
+        tracing::warn!(%error, "quit on the control pipe failed");
+    }
+    let mut stopped = wait_exit(&record.process, settings.stop_grace);
+    for force in [false, true] {
+        if stopped {
+            break;
+        }
+        tools.host().signal(&record.process, force)?;
+        stopped = wait_exit(&record.process, settings.stop_grace);
+    }
+    if stopped {
+        Ok(())
+    } else {
+        Err(SharingError::Daemon {
+            id: record.id.clone(),
+            reason: format!("pid {} survived SIGKILL", record.process.pid),
+        })
+    }
 }
 
 fn wait_exit(process: &ProcessId, grace: Duration) -> bool {
@@ -487,9 +503,15 @@ pub fn ensure_running(
     ] {
         std::fs::create_dir_all(&dir).map_err(|e| SharingError::io("creating", &dir, e))?;
     }
-    // A stale control socket would pass the readiness check before the new daemon listens.
-    let _ = std::fs::remove_file(restarted.pipe_dir().join("control"));
-    launch(tools, settings, &mut restarted)?;
+    if let Err(error) = launch(tools, settings, &mut restarted) {
+        // Started but not ready: do not leave it running unrecorded.
+        if restarted.process != record.process
+            && let Err(stop) = terminate(tools, settings, &restarted)
+        {
+            tracing::error!(id = %record.id, %stop, "stopping a daemon that did not get ready");
+        }
+        return Err(error);
+    }
     Ok(Readoption::Restarted(restarted))
 }
 
