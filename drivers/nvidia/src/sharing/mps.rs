@@ -562,6 +562,58 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_daemon_that_never_gets_ready_is_stopped_not_left_running() {
+        use crate::cdi::DriverRoot;
+        use crate::host::{CommandOutput, HostEvent, RootedHost};
+        use crate::sharing::MPS_CONTROL;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap();
+        let host = RootedHost::new(dir.path().join("host"));
+        // Never creates its control socket.
+        host.stand_in(MPS_CONTROL, HostCommand::new("sleep", ["600"]));
+        host.script(MPS_CONTROL, [CommandOutput::ok("")]);
+        let driver_root = DriverRoot::new(Arc::new(host.clone()), "/");
+        let tools = Tools::find(&host, &driver_root).unwrap();
+        let settings = MpsSettings {
+            root: dir.path().join("mps"),
+            ready_initial: Duration::from_millis(5),
+            ready_steps: 3,
+            ready_cap: Duration::from_millis(20),
+            stop_grace: Duration::from_millis(100),
+            orphan_grace: Duration::ZERO,
+        };
+        let gone = ProcessId {
+            pid: u32::MAX,
+            start_time: 1,
+        };
+        let record = MpsDaemonRecord {
+            id: "uid-0".into(),
+            devices: vec!["gpu-0".into()],
+            uuids: vec!["GPU-a".into()],
+            exclusive_gpus: Vec::new(),
+            process: gone,
+            dir: settings.root.join("uid-0"),
+            shm_mounted: true,
+            multi_user: false,
+            control_commands: Vec::new(),
+        };
+        let error = ensure_running(&tools, &settings, &record).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("MPS control daemon uid-0: not ready after"),
+            "{error}"
+        );
+        let events = host.events();
+        let Some(HostEvent::Signal { pid, force: false }) = events.last() else {
+            panic!("{events:?}");
+        };
+        // The daemon it started is gone (SIGTERM after `quit`), not left running unrecorded.
+        assert_eq!(crate::host::process::start_time(*pid).unwrap(), None);
+    }
+
+    #[test]
     fn limits_are_whole_mib_per_device_with_overrides_by_uuid_or_index() {
         let config = MpsConfig {
             default_active_thread_percentage: Some(50),
