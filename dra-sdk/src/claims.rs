@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 
-mod wire;
+pub(crate) mod wire;
 use wire::{ClaimVersion, DiscoveryError, Fetched};
 
 use crate::config::{ConfigError, ConfigRegistry};

@@ -48,7 +48,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use crate::claims::wire::{ClaimVersion, DiscoveryError, names_object};
 use crate::driver::ClaimRef;
+use crate::slices::ResourceApiVersion;
 
 /// Most conditions per device.
 pub const MAX_CONDITIONS: usize = 8;
@@ -364,6 +366,15 @@ pub enum DeviceStatusError {
         /// The claim.
         claim: String,
     },
+    /// The server serves `resource.k8s.io` in none of the versions with `status.devices`
+    /// (`v1`, `v1beta2`, `v1beta1`).
+    #[error(
+        "writing the device status of claim {claim}: the API server serves no resource.k8s.io version with status.devices"
+    )]
+    NotServed {
+        /// The claim.
+        claim: String,
+    },
     /// Any other API error.
     #[error("writing the device status of claim {claim}: {source}")]
     Api {
@@ -380,20 +391,33 @@ pub struct DeviceStatusWriter {
     client: kube::Client,
     driver: String,
     field_manager: String,
-    resource: ApiResource,
+    version: WriteVersion,
     /// What was last applied per claim UID, to skip unchanged writes.
     last: Mutex<HashMap<String, Value>>,
 }
 
+/// The `resource.k8s.io` version the writer sends through.
+#[derive(Debug)]
+enum WriteVersion {
+    /// The newest served one, found by discovery on first use (shared logic with the claim
+    /// reader and the slice publisher) and found again when the server stops serving it.
+    Discovered(ClaimVersion),
+    /// Set by [`DeviceStatusWriter::api_version`].
+    Fixed(ApiResource),
+}
+
 impl DeviceStatusWriter {
-    /// A writer for `driver`, with field manager `driver`, through `resource.k8s.io/v1`.
+    /// A writer for `driver`, with field manager `driver`, through the newest
+    /// `resource.k8s.io` version the server serves (`v1` on 1.34+, `v1beta2` on 1.33, `v1beta1`
+    /// on 1.32; `status.devices` has the same shape in each), found by discovery at the first
+    /// write.
     pub fn new(client: kube::Client, driver: impl Into<String>) -> Self {
         let driver = driver.into();
         Self {
             client,
             field_manager: driver.clone(),
             driver,
-            resource: claim_resource("v1"),
+            version: WriteVersion::Discovered(ClaimVersion::default()),
             last: Mutex::new(HashMap::new()),
         }
     }
@@ -405,11 +429,34 @@ impl DeviceStatusWriter {
         self
     }
 
-    /// Writes through another `resource.k8s.io` version (`v1beta2` for 1.33, `v1beta1` for
-    /// 1.32 with `DRAResourceClaimDeviceStatus` on); `status.devices` has the same shape in each.
+    /// Writes through this `resource.k8s.io` version instead of the discovered one (`v1beta2`
+    /// for 1.33, `v1beta1` for 1.32 with `DRAResourceClaimDeviceStatus` on).
     pub fn api_version(mut self, version: &str) -> Self {
-        self.resource = claim_resource(version);
+        self.version = WriteVersion::Fixed(claim_resource(version));
         self
+    }
+
+    /// The resource to write through, and the discovered version it came from.
+    async fn resource(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<(ApiResource, Option<ResourceApiVersion>), DeviceStatusError> {
+        match &self.version {
+            WriteVersion::Fixed(resource) => Ok((resource.clone(), None)),
+            WriteVersion::Discovered(chosen) => match chosen.get(&self.client).await {
+                Ok(version) => Ok((
+                    version.resource("ResourceClaim", "resourceclaims"),
+                    Some(version),
+                )),
+                Err(DiscoveryError::Api(source)) => Err(DeviceStatusError::Api {
+                    claim: describe(claim),
+                    source,
+                }),
+                Err(DiscoveryError::NotServed) => Err(DeviceStatusError::NotServed {
+                    claim: describe(claim),
+                }),
+            },
+        }
     }
 
     /// Makes `devices` this driver's entries in the claim's `status.devices`: one
@@ -425,8 +472,9 @@ impl DeviceStatusWriter {
             device.validate()?;
         }
         let entries: Vec<Value> = devices.iter().map(|d| d.to_json(&self.driver)).collect();
+        let (resource, discovered) = self.resource(claim).await?;
         let body = json!({
-            "apiVersion": self.resource.api_version,
+            "apiVersion": resource.api_version,
             "kind": "ResourceClaim",
             "metadata": { "name": claim.name, "namespace": claim.namespace, "uid": claim.uid },
             "status": { "devices": entries },
@@ -438,7 +486,7 @@ impl DeviceStatusWriter {
             tracing::debug_span!("apply_device_status", claim = %claim, devices = devices.len());
         let _entered = span.enter();
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &claim.namespace, &self.resource);
+            Api::namespaced_with(self.client.clone(), &claim.namespace, &resource);
         let params = PatchParams::apply(&self.field_manager).force();
         match api
             .patch_status(&claim.name, &params, &Patch::Apply(&body))
@@ -452,6 +500,19 @@ impl DeviceStatusWriter {
             Err(error) => {
                 // The server's state is unknown now: send the next apply whatever it is.
                 self.remember(&claim.uid, None);
+                // A 404 that names no object: the version went away (an API server upgrade
+                // or downgrade); discover again for the next write.
+                if let (kube::Error::Api(status), Some(version), WriteVersion::Discovered(chosen)) =
+                    (&error, discovered, &self.version)
+                    && status.code == 404
+                    && !names_object(status, &claim.name)
+                {
+                    chosen.forget(version);
+                    return Err(DeviceStatusError::Api {
+                        claim: describe(claim),
+                        source: error,
+                    });
+                }
                 Err(self.classify(claim, error))
             }
         }
@@ -492,7 +553,7 @@ impl DeviceStatusWriter {
     }
 
     fn classify(&self, claim: &ClaimRef, error: kube::Error) -> DeviceStatusError {
-        let claim_name = format!("{}/{}", claim.namespace, claim.name);
+        let claim_name = describe(claim);
         match &error {
             // A missing `resourceclaims/status` permission is a 403; the 1.36 per-driver check
             // answers 422 Invalid instead (FieldValueForbidden on `status.devices`, naming the
@@ -524,9 +585,13 @@ impl std::fmt::Debug for DeviceStatusWriter {
         f.debug_struct("DeviceStatusWriter")
             .field("driver", &self.driver)
             .field("field_manager", &self.field_manager)
-            .field("api_version", &self.resource.api_version)
+            .field("version", &self.version)
             .finish_non_exhaustive()
     }
+}
+
+fn describe(claim: &ClaimRef) -> String {
+    format!("{}/{}", claim.namespace, claim.name)
 }
 
 fn claim_resource(version: &str) -> ApiResource {

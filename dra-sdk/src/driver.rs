@@ -19,6 +19,7 @@ use crate::cdi::ContainerEdits;
 use crate::checkpoint::ClaimRecord;
 use crate::config::ConfigRegistry;
 use crate::context::{DriverContext, RecordedClaim};
+use crate::device_status::DeviceStatus;
 use crate::health::HealthSource;
 
 /// A DRA driver: prepares and unprepares the devices of allocated claims on one node.
@@ -134,6 +135,29 @@ pub trait Driver: Send + Sync + 'static {
         None
     }
 
+    /// Whether the plugin writes KEP-5304 device metadata for the claims this driver prepares
+    /// (alpha in Kubernetes 1.36). When `true`, after each successful [`prepare`](Self::prepare)
+    /// the plugin writes one metadata file per request with the allocated devices and the
+    /// attributes they are published with, and a CDI spec that mounts it read-only into the
+    /// containers using the request; the spec's CDI device is handed to the kubelet with the
+    /// request's devices and recorded in the checkpoint. Unprepare, the rollback of an
+    /// interrupted prepare and the start-up sweep of orphans remove the files like CDI specs.
+    /// Paths and format: [`crate::metadata`]. Default `false`.
+    fn device_metadata(&self) -> bool {
+        false
+    }
+
+    /// Whether the driver reports KEP-4817 device status (`status.devices` of the claim).
+    /// When `true`, the plugin writes the statuses a prepare returns
+    /// ([`PreparedClaim::with_device_status`]) once the claim is recorded as prepared, and
+    /// removes this driver's entries at unprepare; later changes go through
+    /// [`DriverContext::device_status`]. A failed write is logged and reported as
+    /// [`PluginEvent::DeviceStatusFailed`]: the claim stays prepared. Needs the RBAC in
+    /// [`crate::device_status`]. Default `false`.
+    fn reports_device_status(&self) -> bool {
+        false
+    }
+
     /// Background events the driver may want to log or act on (registration rejected,
     /// checkpoint problems found at start). The default logs nothing extra: the SDK already
     /// logs each event.
@@ -178,6 +202,14 @@ impl<D: Driver> Driver for Arc<D> {
 
     fn health(&self) -> Option<HealthSource> {
         (**self).health()
+    }
+
+    fn device_metadata(&self) -> bool {
+        (**self).device_metadata()
+    }
+
+    fn reports_device_status(&self) -> bool {
+        (**self).reports_device_status()
     }
 
     fn on_event(&self, event: &PluginEvent) {
@@ -401,6 +433,11 @@ pub struct PreparedClaim {
     pub common_edits: ContainerEdits,
     /// Opaque data stored in the checkpoint and handed back on unprepare and rollback.
     pub driver_state: Option<serde_json::Value>,
+    /// The status of prepared devices, written to the claim's `status.devices` once the claim
+    /// is recorded as prepared; only for a driver whose
+    /// [`reports_device_status`](Driver::reports_device_status) is `true`. Each entry must
+    /// name a device allocated to the claim for this driver and keep the API's limits.
+    pub device_status: Vec<DeviceStatus>,
 }
 
 impl PreparedClaim {
@@ -421,6 +458,21 @@ impl PreparedClaim {
     /// Sets the opaque state handed back on unprepare.
     pub fn with_driver_state(mut self, state: serde_json::Value) -> Self {
         self.driver_state = Some(state);
+        self
+    }
+
+    /// Adds the status of a prepared device (KEP-4817), written to the claim after prepare.
+    ///
+    /// ```
+    /// use dra_sdk::device_status::DeviceStatus;
+    /// use dra_sdk::driver::PreparedClaim;
+    ///
+    /// let prepared = PreparedClaim::new(Vec::new())
+    ///     .with_device_status(DeviceStatus::new("node-1", "eth1").ready("Configured", "link up"));
+    /// assert_eq!(prepared.device_status.len(), 1);
+    /// ```
+    pub fn with_device_status(mut self, status: DeviceStatus) -> Self {
+        self.device_status.push(status);
         self
     }
 
@@ -666,6 +718,14 @@ pub enum PluginEvent {
     /// [`Driver::reconcile`] failed with a recoverable error; the plugin started anyway.
     ReconcileFailed {
         /// The driver's error message.
+        error: String,
+    },
+    /// Writing or removing the device status of a claim failed (see
+    /// [`Driver::reports_device_status`]); the claim stays prepared (or unprepared).
+    DeviceStatusFailed {
+        /// The claim.
+        claim: ClaimRef,
+        /// What went wrong, with what to grant when the server refused the write.
         error: String,
     },
 }

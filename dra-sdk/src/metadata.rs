@@ -23,34 +23,39 @@
 //!
 //! # In a driver
 //!
-//! The plugin does not call the writer by itself yet; a driver opts in with three calls:
-//! [`write_claim`](MetadataWriter::write_claim) in `prepare` (adding each request's CDI device
-//! to its prepared devices), [`remove_claim`](MetadataWriter::remove_claim) in `unprepare` and
-//! `rollback`, and [`remove_orphans`](MetadataWriter::remove_orphans) in `start` with the
-//! prepared claims of the checkpoint.
+//! A driver opts in by returning `true` from
+//! [`Driver::device_metadata`](crate::driver::Driver::device_metadata); the plugin then does
+//! everything: after each successful prepare it writes the files of every request, with the
+//! attributes the devices are published with (so containers see what the scheduler matched),
+//! adds each request's CDI device to the devices of that request (and to the checkpoint
+//! record), and removes the files at unprepare, at the rollback of an interrupted prepare and,
+//! at start, for every claim no checkpoint record names. A write failure fails the claim.
+//! `examples/mock-gpu` runs with it on (`--device-metadata`).
 //!
 //! ```no_run
-//! use dra_sdk::driver::{Claim, PreparedClaim, PreparedDevice, DriverError};
-//! use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
 //!
-//! fn prepare_with_metadata(
-//!     writer: &MetadataWriter,
-//!     ctx: &dra_sdk::context::DriverContext,
-//!     claim: &Claim<()>,
-//!     mut prepared: PreparedClaim,
-//! ) -> Result<PreparedClaim, DriverError> {
-//!     let identity = MetadataClaim::from_resource_claim(&claim.resource_claim).map_err(DriverError::other)?;
-//!     let devices = MetadataDevice::for_claim(claim, ctx.resources().as_ref());
-//!     let written = writer.write_claim(&identity, &devices).map_err(DriverError::other)?;
-//!     prepared.devices = prepared.devices.into_iter().map(|device: PreparedDevice| {
-//!         match written.cdi_device_ids.get(&device.request) {
-//!             Some(id) => device.with_cdi_device_id(id.clone()),
-//!             None => device,
-//!         }
-//!     }).collect();
-//!     Ok(prepared)
+//! struct NicDriver;
+//!
+//! #[async_trait::async_trait]
+//! impl Driver for NicDriver {
+//!     type Config = ();
+//!     fn device_metadata(&self) -> bool {
+//!         true
+//!     }
+//!     async fn prepare(&self, _claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+//!         Ok(PreparedClaim::default())
+//!     }
+//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!         Ok(())
+//!     }
 //! }
 //! ```
+//!
+//! [`update_request`](MetadataWriter::update_request) stays available to a driver that learns
+//! more after prepare (a network interface's addresses); build the writer with the plugin's
+//! data directory (`<plugins dir>/<driver>`) and CDI root.
 //!
 //! ```
 //! use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};

@@ -281,3 +281,247 @@ async fn the_driver_context_hands_out_a_writer() {
             .is_empty()
     );
 }
+
+/// A driver that reports device status: a `Ready` status per prepared device (or, with `bad`,
+/// one the API would refuse), and the plugin events it sees.
+#[derive(Clone, Default)]
+struct StatusDriver {
+    bad: bool,
+    events: std::sync::Arc<std::sync::Mutex<Vec<dra_sdk::driver::PluginEvent>>>,
+}
+
+#[async_trait::async_trait]
+impl dra_sdk::driver::Driver for StatusDriver {
+    type Config = driver_common::GpuConfig;
+
+    fn config_registry(&self) -> dra_sdk::config::ConfigRegistry<Self::Config> {
+        dra_sdk::config::ConfigRegistry::new().register::<driver_common::GpuConfig>()
+    }
+
+    fn reports_device_status(&self) -> bool {
+        true
+    }
+
+    async fn prepare(
+        &self,
+        claim: &dra_sdk::driver::Claim<Self::Config>,
+    ) -> Result<dra_sdk::driver::PreparedClaim, dra_sdk::driver::DriverError> {
+        let mut prepared = driver_common::prepare_gpus(claim);
+        for device in &claim.devices {
+            let status = DeviceStatus::new(&device.pool, &device.device)
+                .ready("Prepared", "ready for the pod")
+                .data(json!({ "claim": claim.claim.name }));
+            let status = if self.bad {
+                status.interface("gpu0", ["10.0.0.1"], "")
+            } else {
+                status
+            };
+            prepared = prepared.with_device_status(status);
+        }
+        Ok(prepared)
+    }
+
+    async fn unprepare(
+        &self,
+        _: &ClaimRef,
+        _: &dra_sdk::checkpoint::ClaimRecord,
+    ) -> Result<(), dra_sdk::driver::DriverError> {
+        Ok(())
+    }
+
+    fn on_event(&self, event: &dra_sdk::driver::PluginEvent) {
+        self.events.lock().unwrap().push(event.clone());
+    }
+}
+
+async fn prepared_claim(
+    driver: StatusDriver,
+) -> (dra_sdk::testing::cluster::RunningPlugin, ClaimRef) {
+    use dra_sdk::testing::cluster::{NewClaim, TestCluster};
+    let running = TestCluster::start_with(driver, driver_common::DRIVER, driver_common::gpus(1))
+        .await
+        .unwrap();
+    let cluster = running.cluster();
+    cluster
+        .create_claim(NewClaim::new("default", "gpu").request("gpu", driver_common::DRIVER))
+        .await
+        .unwrap();
+    let claim = cluster.allocate("default", "gpu").await.unwrap();
+    (running, claim)
+}
+
+fn stored_devices(running: &dra_sdk::testing::cluster::RunningPlugin) -> Vec<Value> {
+    let claim: ResourceClaim = running
+        .cluster()
+        .api()
+        .get(Some("default"), "gpu")
+        .unwrap()
+        .unwrap();
+    serde_json::to_value(claim.status.unwrap().devices.unwrap_or_default())
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The plugin writes what prepare returned once the claim is prepared, the context's handle
+/// changes it later with one write, and unprepare removes it.
+#[tokio::test]
+async fn the_plugin_writes_status_at_prepare_and_removes_it_at_unprepare() {
+    let (running, claim) = prepared_claim(StatusDriver::default()).await;
+    let prepared = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
+    let devices = stored_devices(&running);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0]["driver"], driver_common::DRIVER);
+    assert_eq!(devices[0]["conditions"][0]["reason"], "Prepared");
+    assert_eq!(devices[0]["data"], json!({ "claim": "gpu" }));
+
+    let before = patches(running.cluster().api());
+    let writer = running.plugin().context().device_status().unwrap();
+    let pool = dra_sdk::testing::cluster::NODE_NAME;
+    let later = DeviceStatus::new(pool, "gpu-0").condition("Ready", false, "XidError", "XID 79");
+    assert!(writer.apply(&claim, &[later]).await.unwrap());
+    assert_eq!(patches(running.cluster().api()), before + 1);
+    assert_eq!(
+        stored_devices(&running)[0]["conditions"][0]["reason"],
+        "XidError"
+    );
+
+    let unprepared = running
+        .kubelet()
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(unprepared[&claim.uid].is_ok());
+    assert!(stored_devices(&running).is_empty());
+}
+
+/// A refused write (the 1.36 authorization without the driver's grant) is reported to the
+/// driver with what to grant; the claim is prepared all the same.
+#[tokio::test]
+async fn a_refused_status_write_leaves_the_claim_prepared() {
+    let driver = StatusDriver::default();
+    let events = driver.events.clone();
+    let (running, claim) = prepared_claim(driver).await;
+    running.cluster().api().faults().inject(
+        Fault::status(422)
+            .resource("resourceclaims/status")
+            .message("status.devices: Forbidden: changing status.devices requires resource=\"resourceclaims/driver\", verb=\"[associated-node:patch arbitrary-node:patch]\" permission"),
+    );
+    let prepared = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
+    assert!(stored_devices(&running).is_empty());
+    let events = events.lock().unwrap().clone();
+    let failure = events
+        .iter()
+        .find_map(|event| match event {
+            dra_sdk::driver::PluginEvent::DeviceStatusFailed {
+                claim: failed,
+                error,
+            } => Some((failed.clone(), error.clone())),
+            _ => None,
+        })
+        .expect("a DeviceStatusFailed event");
+    assert_eq!(failure.0, claim);
+    assert!(
+        failure
+            .1
+            .contains("`associated-node:patch` on resourceclaims/driver"),
+        "{}",
+        failure.1
+    );
+    let recorded = running.plugin().context().prepared_claims().await.unwrap();
+    assert_eq!(recorded.len(), 1);
+}
+
+/// A status the API would refuse fails the claim with the field named, before anything is
+/// sent or written.
+#[tokio::test]
+async fn an_invalid_status_from_prepare_fails_the_claim() {
+    let (running, claim) = prepared_claim(StatusDriver {
+        bad: true,
+        ..StatusDriver::default()
+    })
+    .await;
+    let prepared = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    let error = prepared[&claim.uid].as_ref().unwrap_err().to_string();
+    assert!(error.contains("networkData.ips[0]"), "{error}");
+    assert!(stored_devices(&running).is_empty());
+}
+
+/// Against a 1.33-style server (ResourceClaims only as `v1beta2`), the writer finds the
+/// version by discovery and writes through it.
+#[tokio::test]
+async fn the_writer_uses_the_newest_served_version() {
+    use dra_sdk::testing::apiserver::ResourceType;
+    use kube::api::{ApiResource, DynamicObject, PostParams};
+
+    let server = FakeApiServer::builder()
+        .git_version("v1.33.4")
+        .resource_types([ResourceType::RESOURCE_CLAIMS.with_version("v1beta2")])
+        .start()
+        .await
+        .unwrap();
+    let resource = ApiResource {
+        group: "resource.k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "resource.k8s.io/v1beta2".into(),
+        kind: "ResourceClaim".into(),
+        plural: "resourceclaims".into(),
+    };
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(server.client().unwrap(), "default", &resource);
+    let claim: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "ResourceClaim",
+        "metadata": {"name": "nic", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic"}}]}},
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &claim).await.unwrap();
+    let allocation = json!({
+        "apiVersion": "resource.k8s.io/v1beta2", "kind": "ResourceClaim",
+        "metadata": {"name": "nic", "namespace": "default"},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "nic", "driver": DRIVER, "pool": "node-1", "device": "eth0"},
+        ]}}},
+    });
+    api.patch_status(
+        "nic",
+        &PatchParams::apply("scheduler"),
+        &Patch::Apply(&allocation),
+    )
+    .await
+    .unwrap();
+    let reference = ClaimRef::new("default", "nic", created.metadata.uid.unwrap());
+
+    let writer = DeviceStatusWriter::new(server.client().unwrap(), DRIVER);
+    let status = DeviceStatus::new("node-1", "eth0").ready("Configured", "up");
+    assert!(writer.apply(&reference, &[status]).await.unwrap());
+    let stored = api.get_status("nic").await.unwrap();
+    assert_eq!(stored.data["status"]["devices"][0]["driver"], DRIVER);
+    assert_eq!(
+        stored.data["status"]["devices"][0]["conditions"][0]["type"],
+        "Ready"
+    );
+    writer.clear(&reference).await.unwrap();
+    let stored = api.get_status("nic").await.unwrap();
+    assert!(
+        stored.data["status"]["devices"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{stored:?}"
+    );
+}

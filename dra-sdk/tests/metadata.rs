@@ -1,6 +1,8 @@
-//! KEP-5304 device metadata from a driver, through the test cluster and the simulated kubelet:
-//! prepare writes the metadata file and its CDI spec and hands the kubelet the spec's CDI
-//! device next to the device's own; unprepare removes both.
+//! KEP-5304 device metadata, through the test cluster and the simulated kubelet: prepare
+//! writes the metadata file and its CDI spec and hands the kubelet the spec's CDI device next
+//! to the device's own; unprepare removes both. Once by hand from a driver (the writer's API),
+//! once by the plugin itself for a driver that opts in (`Driver::device_metadata`), with the
+//! checkpoint record and the start-up sweep of orphans.
 #![cfg(feature = "testing")]
 
 use std::path::PathBuf;
@@ -135,4 +137,124 @@ async fn prepare_writes_metadata_and_unprepare_removes_it() {
     assert!(unprepared[&claim.uid].is_ok());
     assert!(!spec_path.exists());
     assert!(!std::path::Path::new(&mount.host_path).exists());
+}
+
+/// A driver that only opts in: the plugin writes, records, removes and sweeps the metadata.
+#[derive(Clone, Copy)]
+struct OptInDriver;
+
+#[async_trait::async_trait]
+impl Driver for OptInDriver {
+    type Config = ();
+
+    fn device_metadata(&self) -> bool {
+        true
+    }
+
+    async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+        let devices = claim
+            .devices
+            .iter()
+            .map(|device| {
+                PreparedDevice::new(device, ContainerEdits::new().env("NIC", &device.device))
+            })
+            .collect();
+        Ok(PreparedClaim::new(devices))
+    }
+
+    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_plugin_writes_records_sweeps_and_removes_metadata_of_a_driver_that_opts_in() {
+    let resources = DriverResources::single_pool(
+        NODE_NAME,
+        vec![
+            Device::new("nic-0").attribute("model", "x710"),
+            Device::new("nic-1").attribute("model", "e810"),
+        ],
+    );
+    let running = TestCluster::start_with(OptInDriver, DRIVER, resources)
+        .await
+        .unwrap();
+    let cluster = running.cluster();
+    let mut claims = Vec::new();
+    for name in ["a", "b"] {
+        cluster
+            .create_claim(NewClaim::new("default", name).request("net", DRIVER))
+            .await
+            .unwrap();
+        claims.push(cluster.allocate("default", name).await.unwrap());
+    }
+    let outcome = running.kubelet().prepare(&claims).await.unwrap();
+    let cdi_root = cluster.cdi_root();
+    let data_dir = cluster.plugins_dir().join(DRIVER);
+    let spec_of = |uid: &str| cdi_root.join(format!("{DRIVER}_metadata_{uid}_net.json"));
+    let claim_dir = |dir: &str| data_dir.join(dra_sdk::metadata::HOST_SUBDIR).join(dir);
+    for claim in &claims {
+        let devices = outcome[&claim.uid].as_ref().unwrap();
+        let metadata_id = format!("{DRIVER}/metadata={}_net", claim.uid);
+        // The device's own spec first, then the metadata spec's device.
+        assert_eq!(devices[0].cdi_device_ids.len(), 2, "{devices:?}");
+        assert_eq!(devices[0].cdi_device_ids[1], metadata_id);
+        let spec = Spec::read_file(&spec_of(&claim.uid)).unwrap();
+        let mount = &spec.devices[0].container_edits.mounts[0];
+        assert_eq!(
+            mount.container_path,
+            format!(
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{}/net/{DRIVER}-metadata.json",
+                claim.name
+            )
+        );
+        let file: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&mount.host_path).unwrap()).unwrap();
+        assert_eq!(file["metadata"]["uid"], claim.uid.as_str());
+        let device = &file["requests"][0]["devices"][0];
+        let model = if device["name"] == "nic-0" {
+            "x710"
+        } else {
+            "e810"
+        };
+        assert_eq!(device["attributes"]["model"], json!({ "string": model }));
+    }
+    // The checkpoint records the metadata device: a repeated prepare answers with it.
+    let recorded = running.plugin().context().prepared_claims().await.unwrap();
+    assert!(
+        recorded
+            .iter()
+            .all(|claim| claim.devices[0].cdi_device_ids.len() == 2)
+    );
+
+    // Files of a claim no record names (left by a crash or an old instance) go at start;
+    // those of prepared claims stay.
+    let leftover = MetadataWriter::new(DRIVER, &data_dir, cdi_root.clone());
+    let ghost = MetadataClaim::new("default", "ghost", "0c6f3a1e-0000-4000-8000-000000000000");
+    let written = leftover
+        .write_claim(&ghost, &[MetadataDevice::new("net", NODE_NAME, "nic-0")])
+        .unwrap();
+    assert!(written.files.iter().all(|file| file.exists()));
+    let running = running.restart(OptInDriver).await.unwrap();
+    assert!(
+        written.files.iter().all(|file| !file.exists()),
+        "{written:?}"
+    );
+    assert!(spec_of(&claims[0].uid).exists() && spec_of(&claims[1].uid).exists());
+    let again = running.kubelet().prepare(&claims[..1]).await.unwrap();
+    assert_eq!(
+        again[&claims[0].uid].as_ref().unwrap()[0].cdi_device_ids,
+        outcome[&claims[0].uid].as_ref().unwrap()[0].cdi_device_ids
+    );
+
+    // Unprepare removes the claim's files, and only those.
+    let unprepared = running.kubelet().unprepare(&claims[..1]).await.unwrap();
+    assert!(unprepared[&claims[0].uid].is_ok());
+    assert!(!spec_of(&claims[0].uid).exists());
+    assert!(
+        !claim_dir("default_a").exists(),
+        "the claim's metadata directory is gone"
+    );
+    assert!(spec_of(&claims[1].uid).exists());
+    assert!(claim_dir("default_b").exists());
 }

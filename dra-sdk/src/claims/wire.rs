@@ -120,7 +120,7 @@ pub(crate) async fn fetch(
 
 /// A 404 for a missing object carries the object's name in its details; a 404 for a path the
 /// server does not serve (`the server could not find the requested resource`) carries none.
-fn names_object(status: &Status, name: &str) -> bool {
+pub(crate) fn names_object(status: &Status, name: &str) -> bool {
     status
         .details
         .as_ref()

@@ -23,6 +23,7 @@ mod dra;
 pub(crate) mod locks;
 mod node;
 pub mod registration;
+mod reports;
 pub mod socket;
 
 use std::net::SocketAddr;
@@ -41,6 +42,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::claims::{ClaimReader, ReadPolicy};
 use crate::context::{DriverContext, RecordedClaim};
 use crate::driver::{Driver, DriverError, PluginEvent};
+use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
 
@@ -459,6 +461,11 @@ impl<D: Driver> PluginBuilder<D> {
             claim_files,
             metrics: plugin_metrics,
             serial,
+            reports: reports::ClaimReports::new(
+                driver.as_ref(),
+                context.clone(),
+                MetadataWriter::new(&driver_name, &data_dir, self.cdi_root.clone()),
+            ),
         });
         let startup_serial = node
             .serialize()

@@ -29,15 +29,25 @@ use crate::checkpoint::{
 use crate::claims::{self, ClaimReader};
 use crate::config::ConfigRegistry;
 use crate::context::CLAIM_IN_PROGRESS;
+use crate::device_status::DeviceStatus;
 use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
 use crate::plugin::locks::{ClaimFileGuard, ClaimFileLocks, ClaimLocks, NodeGuard, NodeLock};
+use crate::plugin::reports::{ClaimReports, check_statuses};
 
 /// Result of preparing one claim: its devices, or the message the kubelet shows.
 pub(crate) type PrepareResult = Result<Vec<PreparedDeviceRecord>, String>;
 
 /// Result of unpreparing one claim.
 pub(crate) type UnprepareResult = Result<(), String>;
+
+/// What preparing one claim produced: its device records, the driver's state and the device
+/// statuses to write once it is recorded.
+type Prepared = (
+    Vec<PreparedDeviceRecord>,
+    Option<serde_json::Value>,
+    Vec<DeviceStatus>,
+);
 
 pub(crate) struct NodeService<D: Driver> {
     pub(crate) driver: Arc<D>,
@@ -52,6 +62,8 @@ pub(crate) struct NodeService<D: Driver> {
     pub(crate) metrics: Arc<PluginMetrics>,
     /// The node-wide lock, when the driver asked for serialized operations.
     pub(crate) serial: Option<NodeLock>,
+    /// Device metadata and device status, for a driver that opted in.
+    pub(crate) reports: ClaimReports,
 }
 
 /// What phase 2 found out about a claim.
@@ -142,12 +154,12 @@ impl<D: Driver> NodeService<D> {
         let mut pending = Vec::new();
         for (claim, outcome) in ready.iter().zip(prepared) {
             match outcome {
-                Ok((devices, driver_state)) => {
+                Ok((devices, driver_state, statuses)) => {
                     completed.push(ClaimChange::Put {
                         uid: claim.claim.uid.clone(),
                         record: completed_record(&claim.claim, devices.clone(), driver_state),
                     });
-                    pending.push((claim.claim.uid.clone(), devices));
+                    pending.push((&claim.claim, devices, statuses));
                 }
                 Err((kind, message)) => {
                     // The PrepareStarted record stays: the driver may have done part of the
@@ -161,12 +173,21 @@ impl<D: Driver> NodeService<D> {
             match self.write_checkpoint(completed).await {
                 Ok(()) => {
                     self.metrics.add_prepared_claims(pending.len() as i64);
-                    for (uid, devices) in pending {
-                        results.insert(uid, Ok(devices));
+                    // Status only once the claim is recorded: unprepare then clears it.
+                    join_all(pending.iter().map(|(claim, _, statuses)| {
+                        let span = claim_span("device_status", &self.driver_name, claim);
+                        self.reports
+                            .write_status(self.driver.as_ref(), claim, statuses)
+                            .instrument(span)
+                    }))
+                    .await;
+                    for (claim, devices, _) in pending {
+                        results.insert(claim.uid.clone(), Ok(devices));
                     }
                 }
                 Err(error) => {
-                    for (uid, _) in pending {
+                    for (claim, _, _) in pending {
+                        let uid = claim.uid.clone();
                         self.metrics.claim_error(Operation::Prepare, "checkpoint");
                         results.insert(
                             uid,
@@ -202,14 +223,19 @@ impl<D: Driver> NodeService<D> {
         }
     }
 
-    /// Calls the driver and writes the CDI spec of one claim.
+    /// Calls the driver and writes the CDI spec (and device metadata) of one claim.
     async fn prepare_one(
         &self,
         claim: &Claim<D::Config>,
-    ) -> Result<(Vec<PreparedDeviceRecord>, Option<serde_json::Value>), (&'static str, String)>
-    {
+    ) -> Result<Prepared, (&'static str, String)> {
         let prepared = guarded(self.driver.prepare(claim)).await?;
         check_prepared(claim, &prepared).map_err(|message| ("driver_output", message))?;
+        check_statuses(
+            claim,
+            &prepared.device_status,
+            self.reports.reports_status(),
+        )
+        .map_err(|message| ("driver_output", message))?;
 
         let spec_devices = cdi_devices(&prepared);
         // Spec-level edits only reach containers through one of the spec's devices, so a
@@ -255,8 +281,11 @@ impl<D: Driver> NodeService<D> {
                 )),
             }
         }
+        self.reports
+            .write_metadata(claim, &mut records)
+            .map_err(|message| ("metadata", message))?;
         tracing::info!(devices = records.len(), "claim prepared");
-        Ok((records, prepared.driver_state))
+        Ok((records, prepared.driver_state, prepared.device_status))
     }
 
     pub(crate) async fn unprepare(
@@ -360,6 +389,9 @@ impl<D: Driver> NodeService<D> {
             self.cdi
                 .remove_claim(&claim.uid)
                 .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
+            self.reports
+                .remove_metadata(claim)
+                .map_err(|message| ("metadata", message))?;
             tracing::debug!("claim not prepared on this node; nothing to do");
             return Ok(None);
         };
@@ -367,6 +399,10 @@ impl<D: Driver> NodeService<D> {
         self.cdi
             .remove_claim(&claim.uid)
             .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
+        self.reports
+            .remove_metadata(claim)
+            .map_err(|message| ("metadata", message))?;
+        self.reports.clear_status(self.driver.as_ref(), claim).await;
         tracing::info!("claim unprepared");
         Ok(Some(record.is_completed()))
     }
@@ -398,6 +434,8 @@ impl<D: Driver> NodeService<D> {
         }
         if sweep {
             self.sweep_cdi_specs();
+            self.reports
+                .sweep_metadata(|uid| self.recorded_or_busy(uid));
         } else {
             tracing::warn!(
                 "the checkpoint was not read intact at start; keeping every CDI spec (claims the kubelet considers prepared keep working; unprepare removes their specs)"
@@ -438,6 +476,7 @@ impl<D: Driver> NodeService<D> {
         match outcome
             .map_err(|(_, message)| message)
             .and_then(|()| self.cdi.remove_claim(&claim.uid).map_err(|e| e.to_string()))
+            .and_then(|()| self.reports.remove_metadata(&claim))
         {
             Ok(()) => {
                 // Written while the claim is still locked: after the unlock another instance
@@ -455,6 +494,16 @@ impl<D: Driver> NodeService<D> {
             }
         }
         Ok(())
+    }
+
+    /// Whether a claim's files must stay in the start-up sweep: an instance records it, or
+    /// one is working on it now, or that cannot be told. (Unlike CDI specs, metadata files are
+    /// not re-checked under the claim's lock when removed; see `docs/features.md`.)
+    fn recorded_or_busy(&self, uid: &str) -> bool {
+        match self.claim_files.try_lock(uid) {
+            Ok(Some(_guard)) => !matches!(self.checkpoint.get(uid), Ok(None)),
+            Ok(None) | Err(_) => true,
+        }
     }
 
     /// Removes CDI specs (and temporary files) of claims that no instance records.
