@@ -8,6 +8,11 @@
 //! ([`MockGpuDriver::add_gpu`]) or changed ([`MockGpuDriver::update_gpu`]), and a GPU marked
 //! unhealthy ([`MockGpuDriver::set_gpu_health`]) is reported on the kubelet's health stream and
 //! tainted in the ResourceSlice with one call.
+//!
+//! Two SDK features are opt-in ([`MockGpuDriver::with_device_status`],
+//! [`MockGpuDriver::with_device_metadata`]; `--device-status` and `--device-metadata` on the
+//! command line): the status of each prepared GPU in the claim's `status.devices` (KEP-4817)
+//! and a metadata file describing the GPUs mounted into the containers (KEP-5304).
 
 pub mod config;
 #[cfg(feature = "demo")]
@@ -22,6 +27,7 @@ use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::{ContextError, DriverContext};
+use dra_sdk::device_status::DeviceStatus;
 use dra_sdk::driver::{
     AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
 };
@@ -122,6 +128,10 @@ pub struct MockGpuDriver {
     gpus: Arc<Mutex<Vec<MockGpu>>>,
     /// The context of the plugin that started this driver last.
     context: Arc<Mutex<Option<DriverContext>>>,
+    /// Report each prepared GPU's status in its claim.
+    device_status: bool,
+    /// Have the plugin write device metadata files.
+    device_metadata: bool,
 }
 
 impl MockGpuDriver {
@@ -140,7 +150,24 @@ impl MockGpuDriver {
             node_name,
             gpus: Arc::new(Mutex::new(gpus)),
             context: Arc::new(Mutex::new(None)),
+            device_status: false,
+            device_metadata: false,
         }
+    }
+
+    /// Reports, at prepare, a `Ready` condition and the GPU's UUID in the claim's
+    /// `status.devices` (KEP-4817); the plugin removes it at unprepare. Needs the RBAC the
+    /// chart grants with `deviceStatus: true`.
+    pub fn with_device_status(mut self, enabled: bool) -> Self {
+        self.device_status = enabled;
+        self
+    }
+
+    /// Has the plugin write a device metadata file per request and mount it into the
+    /// containers (KEP-5304, alpha in Kubernetes 1.36).
+    pub fn with_device_metadata(mut self, enabled: bool) -> Self {
+        self.device_metadata = enabled;
+        self
     }
 
     /// The GPUs this driver has now.
@@ -318,6 +345,14 @@ impl Driver for MockGpuDriver {
         true
     }
 
+    fn reports_device_status(&self) -> bool {
+        self.device_status
+    }
+
+    fn device_metadata(&self) -> bool {
+        self.device_metadata
+    }
+
     async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
         let devices = claim
             .devices
@@ -332,7 +367,21 @@ impl Driver for MockGpuDriver {
         let common = ContainerEdits::new()
             .env("KUBERNETES_NODE_NAME", &self.node_name)
             .env("DRA_RESOURCE_DRIVER_NAME", &self.driver_name);
-        Ok(PreparedClaim::new(devices).with_common_edits(common))
+        let mut prepared = PreparedClaim::new(devices).with_common_edits(common);
+        if self.device_status {
+            for device in &claim.devices {
+                let uuid = self
+                    .lock_gpus()
+                    .iter()
+                    .find(|gpu| gpu.name() == device.device)
+                    .map(|gpu| gpu.uuid.clone());
+                let status = DeviceStatus::new(&device.pool, &device.device)
+                    .ready("Prepared", "mock GPU ready for the pod")
+                    .data(serde_json::json!({ "uuid": uuid }));
+                prepared = prepared.with_device_status(status);
+            }
+        }
+        Ok(prepared)
     }
 
     async fn unprepare(&self, _claim: &ClaimRef, _record: &ClaimRecord) -> Result<(), DriverError> {

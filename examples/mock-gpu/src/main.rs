@@ -32,6 +32,13 @@ struct DriverArgs {
     /// Number of mock GPUs on this node.
     #[arg(long, env = "NUM_DEVICES", default_value_t = 8)]
     num_devices: u32,
+    /// Report each prepared GPU's status in its claim (`status.devices`, KEP-4817). Needs
+    /// `patch` on resourceclaims/status and `associated-node:patch` on resourceclaims/driver.
+    #[arg(long, env = "DEVICE_STATUS")]
+    device_status: bool,
+    /// Mount a device metadata file into the containers (KEP-5304, Kubernetes 1.36 alpha).
+    #[arg(long, env = "DEVICE_METADATA")]
+    device_metadata: bool,
 }
 
 #[tokio::main]
@@ -73,7 +80,9 @@ async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {
         &driver_args.driver_name,
         &args.node_name,
         driver_args.num_devices,
-    );
+    )
+    .with_device_status(driver_args.device_status)
+    .with_device_metadata(driver_args.device_metadata);
     let resources = driver.resources();
     let plugin = KubeletPlugin::builder(driver, &driver_args.driver_name, &args.node_name, client)
         .args(&args)?

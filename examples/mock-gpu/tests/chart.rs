@@ -131,6 +131,41 @@ fn the_defaults_render_what_the_readme_lists() {
     );
 }
 
+/// `deviceStatus: true` adds exactly what the status write needs on Kubernetes 1.36: `patch`
+/// (server-side apply) on the status, and the node-scoped verb on the synthetic `driver`
+/// subresource for this driver's name only.
+#[test]
+fn device_status_adds_exactly_the_status_rules() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render(
+        &helm,
+        "mock-gpu",
+        NAMESPACE,
+        &["--set", "kubeletPlugin.deviceStatus=true"],
+    )
+    .unwrap();
+    let role = documents
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole")
+        .unwrap();
+    let rules = role["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 5, "{rules:?}");
+    assert_eq!(
+        rules[3],
+        serde_json::json!({ "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+                            "verbs": ["patch"] })
+    );
+    assert_eq!(
+        rules[4],
+        serde_json::json!({ "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+                            "resourceNames": ["gpu.example.com"], "verbs": ["associated-node:patch"] })
+    );
+    let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let env = env_map(&daemonset["spec"]["template"]["spec"]["containers"][0]);
+    assert_eq!(env["DEVICE_STATUS"]["value"], "true");
+    assert_eq!(env["DEVICE_METADATA"]["value"], "false");
+}
+
 fn env_map(container: &Value) -> std::collections::BTreeMap<String, Value> {
     container["env"]
         .as_array()

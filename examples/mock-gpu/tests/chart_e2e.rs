@@ -4,7 +4,11 @@
 //! as the kubelet would mount it: it publishes, updates and deletes its own node's slices and
 //! prepares a claim for a pod (each RBAC verb of the chart used), while the chart's
 //! ValidatingAdmissionPolicy denies it any write to another node's or another driver's slice,
-//! and any write with a token that names no node. Needs `HELM` and `DRA_E2E_K8S_BIN`.
+//! and any write with a token that names no node. Device status (KEP-4817) under 1.36's
+//! granular authorization: without `deviceStatus: true` the chart grants no status write, the
+//! plugin's write is refused with a message saying what to grant and the pod runs all the
+//! same; with it, exactly the chart's rules let the plugin write the status of claims on its
+//! node, and no other node's. Needs `HELM` and `DRA_E2E_K8S_BIN`.
 
 /// The chart checks on a real API server every driver's chart e2e test shares.
 #[path = "../../../test-support/chart_e2e.rs"]
@@ -16,10 +20,11 @@ use std::path::Path;
 
 use dra_sdk::testing::e2e::workload::{self, ClaimSource};
 use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::Value;
+use serde_json::{Value, json};
 use shared_e2e::{
     TIMEOUT, apply_strictly, client_from, holder_pod, request_token, slice, token_kubeconfig,
     write_denied,
@@ -71,7 +76,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     let node = cluster.node("node-1").unwrap();
 
     // 130 devices need several slices: create.
-    let mut plugin = spawn_plugin(&cluster, "plugin-a", &kubeconfig, 130);
+    let mut plugin = spawn_plugin(&cluster, "plugin-a", &kubeconfig, 130, &[]);
     let slices = wait_for_slices(&admin, "node-1", |s| {
         s.len() >= 2
             && s.iter()
@@ -96,8 +101,9 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
         .collect();
     plugin.stop();
 
-    // Restarted with 4: one slice updated, the others deleted.
-    let mut plugin = spawn_plugin(&cluster, "plugin-b", &kubeconfig, 4);
+    // Restarted with 4: one slice updated, the others deleted. It reports device status,
+    // which the chart's default RBAC does not allow yet.
+    let mut plugin = spawn_plugin(&cluster, "plugin-b", &kubeconfig, 4, &["--device-status"]);
     let slices = wait_for_slices(&admin, "node-1", |s| {
         s.len() == 1 && s[0].spec.devices.as_ref().is_some_and(|d| d.len() == 4)
     })
@@ -134,6 +140,74 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     workload::wait_for_pod_running(&admin, &namespace, "uses-a-gpu", TIMEOUT)
         .await
         .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    // Prepared, though the status write was refused: the log says what to grant.
+    let claim = pod_claim(&admin, &namespace, "uses-a-gpu").await;
+    assert!(
+        claim
+            .status
+            .as_ref()
+            .and_then(|s| s.devices.as_ref())
+            .is_none_or(Vec::is_empty)
+    );
+    let log = plugin.log_tail(60);
+    assert!(
+        log.contains("associated-node:patch") && log.contains("resourceclaims/driver"),
+        "{log}"
+    );
+
+    // `deviceStatus: true` adds the rules; the next claim's status is written.
+    let with_status = render(
+        &helm,
+        RELEASE,
+        &namespace,
+        &[
+            "--set",
+            "kubeletPlugin.nodeSelector.dra-sdk\\.dev/chart-e2e=never",
+            "--set",
+            "kubeletPlugin.deviceStatus=true",
+        ],
+    )
+    .unwrap();
+    apply_strictly(&admin, &with_status).await;
+    wait_until_allowed(
+        &admin,
+        &namespace,
+        &service_account,
+        "associated-node:patch",
+    )
+    .await;
+    let pod = workload::pod_using(
+        &namespace,
+        "reports-status",
+        "node-1",
+        &ClaimSource::Template("one-gpu".into()),
+        &["ctr"],
+    );
+    Api::<Pod>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    workload::wait_for_pod_running(&admin, &namespace, "reports-status", TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    let claim = pod_claim(&admin, &namespace, "reports-status").await;
+    let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+    assert_eq!(
+        devices.len(),
+        1,
+        "{devices:?}; plugin log:\n{}",
+        plugin.log_tail(30)
+    );
+    assert_eq!(devices[0].driver, DRIVER);
+    assert_eq!(devices[0].pool, "node-1");
+    let ready = &devices[0].conditions.as_ref().unwrap()[0];
+    assert_eq!(
+        (ready.type_.as_str(), ready.status.as_str()),
+        ("Ready", "True")
+    );
+    // The same grant does not reach a claim allocated on another node.
+    let refused = status_write_on_node_2(&admin, &namespace, &kubeconfig).await;
+    assert!(refused.contains("arbitrary-node:patch"), "{refused}");
 
     // The policy: the same token may not touch node-2's slices or another driver's.
     let as_plugin = client_from(&kubeconfig).await;
@@ -174,9 +248,14 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     let denied = write_denied(&unbound, &admin, slice("unbound", "node-1", DRIVER)).await;
     assert!(denied.contains("the token has no node name"), "{denied}");
 
-    workload::delete_pods(&admin, &namespace, &["uses-a-gpu"], TIMEOUT)
-        .await
-        .unwrap();
+    workload::delete_pods(
+        &admin,
+        &namespace,
+        &["uses-a-gpu", "reports-status"],
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
     plugin.stop();
 }
 
@@ -185,9 +264,10 @@ fn spawn_plugin(
     name: &str,
     kubeconfig: &Path,
     devices: u32,
+    extra: &[&str],
 ) -> dra_sdk::testing::e2e::ManagedProcess {
     let node = cluster.node("node-1").unwrap();
-    let args: Vec<String> = vec![
+    let mut args: Vec<String> = vec![
         "--kubeconfig".into(),
         kubeconfig.display().to_string(),
         "--node-name".into(),
@@ -201,6 +281,7 @@ fn spawn_plugin(
         "--cdi-root".into(),
         node.cdi_root().display().to_string(),
     ];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
     cluster
         .spawn_program(
             name,
@@ -217,4 +298,107 @@ async fn wait_for_slices(
     done: impl Fn(&[ResourceSlice]) -> bool,
 ) -> Result<Vec<ResourceSlice>, String> {
     shared_e2e::wait_for_slices(client, DRIVER, node, done).await
+}
+
+/// The claim the pod's template made for it.
+async fn pod_claim(client: &kube::Client, namespace: &str, pod: &str) -> ResourceClaim {
+    let pod = Api::<Pod>::namespaced(client.clone(), namespace)
+        .get(pod)
+        .await
+        .unwrap();
+    let name = pod
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .and_then(|s| s.into_iter().next())
+        .and_then(|s| s.resource_claim_name)
+        .expect("the pod's claim");
+    Api::<ResourceClaim>::namespaced(client.clone(), namespace)
+        .get(&name)
+        .await
+        .unwrap()
+}
+
+/// Waits until RBAC lets the ServiceAccount use `verb` on this driver's `resourceclaims/driver`
+/// (the authorizer's cache follows role changes within moments).
+async fn wait_until_allowed(client: &kube::Client, namespace: &str, account: &str, verb: &str) {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{namespace}:{account}"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"),
+                       "system:authenticated"],
+            "resourceAttributes": { "group": "resource.k8s.io", "resource": "resourceclaims",
+                                    "subresource": "driver", "name": DRIVER,
+                                    "namespace": namespace, "verb": verb },
+        },
+    }))
+    .unwrap();
+    let api = Api::<SubjectAccessReview>::all(client.clone());
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let answer = api.create(&PostParams::default(), &review).await.unwrap();
+        if answer.status.is_some_and(|s| s.allowed) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{verb} never allowed");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// What the server answers the plugin's token for a status write to a claim allocated on
+/// node-2.
+async fn status_write_on_node_2(
+    admin: &kube::Client,
+    namespace: &str,
+    kubeconfig: &Path,
+) -> String {
+    use dra_sdk::device_status::{DeviceStatus, DeviceStatusError, DeviceStatusWriter};
+    use kube::api::{Patch, PatchParams};
+
+    let claims = Api::<ResourceClaim>::namespaced(admin.clone(), namespace);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": { "name": "on-node-2" },
+        "spec": { "devices": { "requests": [
+            { "name": "gpu", "exactly": { "deviceClassName": DRIVER } },
+        ] } },
+    }))
+    .unwrap();
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    // Allocated on node-2 as the scheduler would write it.
+    let allocation = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": { "name": "on-node-2", "namespace": namespace },
+        "status": { "allocation": {
+            "devices": { "results": [
+                { "request": "gpu", "driver": DRIVER, "pool": "node-2", "device": "gpu-0" },
+            ] },
+            "nodeSelector": { "nodeSelectorTerms": [{ "matchFields": [
+                { "key": "metadata.name", "operator": "In", "values": ["node-2"] },
+            ] }] },
+        } },
+    });
+    claims
+        .patch_status(
+            "on-node-2",
+            &PatchParams::apply("scheduler").force(),
+            &Patch::Apply(&allocation),
+        )
+        .await
+        .unwrap();
+    let writer = DeviceStatusWriter::new(client_from(kubeconfig).await, DRIVER);
+    let reference =
+        dra_sdk::driver::ClaimRef::new(namespace, "on-node-2", claim.metadata.uid.unwrap());
+    let error = writer
+        .apply(
+            &reference,
+            &[DeviceStatus::new("node-2", "gpu-0").ready("Prepared", "")],
+        )
+        .await
+        .expect_err("the plugin of node-1 wrote the status of a claim on node-2");
+    assert!(
+        matches!(error, DeviceStatusError::Forbidden { .. }),
+        "{error:?}"
+    );
+    error.to_string()
 }
