@@ -11,15 +11,25 @@
 //!
 //! # Permissions
 //!
-//! `patch` on `resourceclaims/status`, and from Kubernetes 1.36
-//! (`DRAResourceClaimGranularStatusAuthorization`, beta, on by default) the synthetic
+//! `patch` on `resourceclaims/status` (server-side apply is a patch) and, from Kubernetes 1.36
+//! (`DRAResourceClaimGranularStatusAuthorization`, beta, on by default), the synthetic
 //! subresource `resourceclaims/driver`, `resourceNames: [<driver>]`, with the verb
-//! `associated-node:patch` for a kubelet plugin (its service account token bound to the node
-//! the claim is allocated on) or `arbitrary-node:patch` for a controller (the verb is the
-//! request's: `patch` for server-side apply). A refusal is [`DeviceStatusError::Forbidden`],
-//! which says what to grant; it changes nothing else (a prepared claim stays prepared). A real
-//! v1.36.2 server answers a missing `resourceclaims/driver` permission with 422 Invalid
-//! (`FieldValueForbidden` on `status.devices`), not 403; both are recognised.
+//! `associated-node:patch` for a kubelet plugin (a service account token bound to the node the
+//! claim is allocated on) or `arbitrary-node:patch` for a controller. A refusal is
+//! [`DeviceStatusError::Forbidden`], which says what to grant; it changes nothing else (a
+//! prepared claim stays prepared). A real v1.36.2 server answers a missing
+//! `resourceclaims/driver` permission with 422 Invalid (`FieldValueForbidden` on
+//! `status.devices`), not 403; both are recognised. `docs/operations.md` has the rules.
+//!
+//! # In a driver
+//!
+//! A driver whose [`Driver::reports_device_status`](crate::driver::Driver::reports_device_status)
+//! is `true` returns the statuses from prepare
+//! ([`PreparedClaim::with_device_status`](crate::driver::PreparedClaim::with_device_status));
+//! the plugin writes them once the claim is recorded as prepared and removes the entries at
+//! unprepare. Later changes go through the writer of
+//! [`DriverContext::device_status`](crate::context::DriverContext::device_status), the same one
+//! the plugin uses.
 //!
 //! Only allocated devices may have a status: the server refuses entries that match no
 //! allocation result of the claim (driver, pool, device, share ID).
@@ -350,7 +360,7 @@ pub enum DeviceStatusError {
     },
     /// The API server refused the write: the driver lacks the permissions.
     #[error(
-        "writing the device status of claim {claim} was refused: {message}. The plugin needs `patch` on resourceclaims/status and, from Kubernetes 1.36, `associated-node:patch` on resourceclaims/driver with resourceNames [{driver}]"
+        "writing the device status of claim {claim} was refused: {message}. The plugin needs `patch` on resourceclaims/status and, from Kubernetes 1.36, `associated-node:patch` on resourceclaims/driver with resourceNames [{driver}] (`arbitrary-node:patch` for a claim not allocated on the plugin's node)"
     )]
     Forbidden {
         /// The claim.
