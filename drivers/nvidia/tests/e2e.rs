@@ -4,8 +4,10 @@
 //! (a double that logs them). Skipped, with one line saying so, without `DRA_E2E_K8S_BIN`
 //! (see `dra_sdk::testing::e2e`).
 //!
-//! One cluster of two nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
-//! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs).
+//! One cluster of three nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
+//! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs), `node-t4` the
+//! `workstation` profile (one T4) with device health on (gate `NVMLDeviceHealthCheck`) and
+//! events from a file, used by the health test alone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -23,6 +25,7 @@ use tokio::sync::OnceCell;
 
 const A100_NODE: &str = "node-a100";
 const H100_NODE: &str = "node-h100";
+const T4_NODE: &str = "node-t4";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The CEL of the suite's DeviceClass narrowing, by device type.
@@ -45,14 +48,23 @@ async fn fixture() -> Option<&'static Fixture> {
         FIXTURE
             .get_or_init(|| async {
                 let cluster = RealCluster::builder(binaries)
-                    .nodes([A100_NODE, H100_NODE])
+                    .nodes([A100_NODE, H100_NODE, T4_NODE])
                     .start()
                     .await
                     .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
                 let mut plugins = Vec::new();
-                for (node, profile) in [(A100_NODE, "dgx-a100"), (H100_NODE, "dgx-h100")] {
+                for (node, profile) in [
+                    (A100_NODE, "dgx-a100"),
+                    (H100_NODE, "dgx-h100"),
+                    (T4_NODE, "workstation"),
+                ] {
                     let node = cluster.node(node).unwrap();
-                    let plugin = spawn_plugin(&cluster, node, profile);
+                    let health = if node.name() == T4_NODE {
+                        health_args(node)
+                    } else {
+                        Vec::new()
+                    };
+                    let plugin = spawn_plugin(&cluster, node, profile, &health);
                     node.wait_for_registration(DRIVER_NAME, 0, Duration::from_secs(60))
                         .await
                         .unwrap_or_else(|error| {
@@ -71,9 +83,14 @@ async fn fixture() -> Option<&'static Fixture> {
 
 /// Starts `gpu-kubelet-plugin --mock-profile <profile>` for `node`, with the node's kubelet
 /// directories and CDI root and its own mock host tree.
-fn spawn_plugin(cluster: &RealCluster, node: &KubeletNode, profile: &str) -> ManagedProcess {
+fn spawn_plugin(
+    cluster: &RealCluster,
+    node: &KubeletNode,
+    profile: &str,
+    extra: &[String],
+) -> ManagedProcess {
     let host_root = node.root_dir().join("mock-host");
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "--kubeconfig",
         &cluster.kubeconfig().display().to_string(),
         "--node-name",
@@ -92,6 +109,7 @@ fn spawn_plugin(cluster: &RealCluster, node: &KubeletNode, profile: &str) -> Man
     .iter()
     .map(|arg| (*arg).to_owned())
     .collect();
+    args.extend_from_slice(extra);
     cluster
         .spawn_program(
             &format!("gpu-kubelet-plugin-{}", node.name()),
@@ -99,6 +117,23 @@ fn spawn_plugin(cluster: &RealCluster, node: &KubeletNode, profile: &str) -> Man
             &args,
         )
         .unwrap()
+}
+
+/// Device health on: events appended to `<node root>/health-events`, the operator's reset
+/// files in `<node root>/health-reset`.
+fn health_args(node: &KubeletNode) -> Vec<String> {
+    let events = node.root_dir().join("health-events");
+    let reset = node.root_dir().join("health-reset");
+    std::fs::write(&events, "").unwrap();
+    std::fs::create_dir_all(&reset).unwrap();
+    vec![
+        "--feature-gates".into(),
+        "NVMLDeviceHealthCheck=true".into(),
+        "--mock-health-events".into(),
+        events.display().to_string(),
+        "--health-reset-dir".into(),
+        reset.display().to_string(),
+    ]
 }
 
 /// The suite on the DGX A100 node, with MIG devices: the bad config is a `GpuConfig` naming a
@@ -157,15 +192,7 @@ async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes()
     let client = cluster.client().await.unwrap();
     let namespace = cluster.create_namespace("nvidia").await.unwrap();
 
-    let classes = Api::<DeviceClass>::all(client.clone());
-    for class in device_classes() {
-        match classes.create(&PostParams::default(), &class).await {
-            Ok(_) => {}
-            // Another test of this binary created it first.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => panic!("creating DeviceClass: {error}"),
-        }
-    }
+    create_device_classes(&client).await;
 
     let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
     let full_gpu = workload::claim_template(
@@ -321,4 +348,124 @@ async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, St
         claim.metadata.uid.unwrap_or_default(),
         results[0].device.clone(),
     )
+}
+
+/// Device health with the real scheduler: an XID on the T4 node's only GPU taints it
+/// `gpu.nvidia.com/xid=79:NoSchedule`, so a new pod asking for a GPU there stays unscheduled
+/// (the scheduler reports it); once the operator resets the GPU the taint goes and the same
+/// pod gets that GPU and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_taint_keeps_new_pods_off_a_failed_gpu_until_it_recovers() {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let cluster = &fixture.cluster;
+    let node = cluster.node(T4_NODE).unwrap();
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("health").await.unwrap();
+    create_device_classes(&client).await;
+
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={T4_NODE}"));
+    let gpu = |slices: &[ResourceSlice]| {
+        slices
+            .iter()
+            .flat_map(|slice| slice.spec.devices.iter().flatten())
+            .find(|device| device.name == "gpu-0")
+            .cloned()
+    };
+    let published = gpu(&slices.list(&on_node).await.unwrap().items).expect("gpu-0 published");
+    let uuid = published.attributes.as_ref().unwrap()["uuid"]
+        .string
+        .clone()
+        .unwrap();
+    let xid_taint = |device: &k8s_openapi::api::resource::v1::Device| {
+        device
+            .taints
+            .iter()
+            .flatten()
+            .find(|taint| taint.key == "gpu.nvidia.com/xid")
+            .map(|taint| (taint.value.clone(), taint.effect.clone()))
+    };
+    assert_eq!(xid_taint(&published), None);
+
+    // The failure, as NVML would report it.
+    let events = node.root_dir().join("health-events");
+    std::fs::write(&events, format!("{uuid} xid 79\n")).unwrap();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let device = gpu(&slices.list(&on_node).await.unwrap().items).unwrap();
+        if xid_taint(&device) == Some((Some("79".into()), "NoSchedule".into())) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gpu-0 never tainted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A new pod for a GPU of this node: the only one is tainted.
+    let template =
+        workload::claim_template(&namespace, "any-gpu", "gpu.nvidia.com", json!({}), None).unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    let pod = workload::pod_using(
+        &namespace,
+        "after-failure",
+        T4_NODE,
+        &ClaimSource::Template("any-gpu".into()),
+        &["main"],
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let refused = workload::wait_for_pod_event(
+        &client,
+        &namespace,
+        "after-failure",
+        "FailedScheduling",
+        TIMEOUT,
+    )
+    .await
+    .unwrap();
+    println!("while tainted: {refused}");
+    let pending = pods.get("after-failure").await.unwrap();
+    assert!(
+        pending
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.node_name.as_ref())
+            .is_none(),
+        "the pod was scheduled onto a tainted GPU"
+    );
+
+    // The operator's reset: untainted, and the waiting pod gets the GPU.
+    std::fs::write(node.root_dir().join("health-reset").join("gpu-0"), "").unwrap();
+    workload::wait_for_pod_running(&client, &namespace, "after-failure", TIMEOUT)
+        .await
+        .unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &namespace);
+    let (_, device) = allocated_device(&claims, "after-failure").await;
+    assert_eq!(device, "gpu-0");
+    let device = gpu(&slices.list(&on_node).await.unwrap().items).unwrap();
+    assert_eq!(xid_taint(&device), None);
+    workload::delete_pods(&client, &namespace, &["after-failure"], TIMEOUT)
+        .await
+        .unwrap();
+}
+
+/// Creates the crate's DeviceClasses; another test of this binary may have created them.
+async fn create_device_classes(client: &kube::Client) {
+    let classes = Api::<DeviceClass>::all(client.clone());
+    for class in device_classes() {
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating DeviceClass: {error}"),
+        }
+    }
 }
