@@ -199,7 +199,7 @@ async fn the_plugin_writes_records_sweeps_and_removes_metadata_of_a_driver_that_
         // The device's own spec first, then the metadata spec's device.
         assert_eq!(devices[0].cdi_device_ids.len(), 2, "{devices:?}");
         assert_eq!(devices[0].cdi_device_ids[1], metadata_id);
-        let spec = Spec::read_file(&spec_of(&claim.uid)).unwrap();
+        let spec = Spec::read_file(spec_of(&claim.uid)).unwrap();
         let mount = &spec.devices[0].container_edits.mounts[0];
         assert_eq!(
             mount.container_path,

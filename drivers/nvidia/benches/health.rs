@@ -83,7 +83,7 @@ impl Bench {
     /// Injects the next event and times until the slice shows it.
     async fn event_to_slice(&mut self) -> Duration {
         self.next += 1;
-        let (kind, value) = if self.next % 2 == 0 {
+        let (kind, value) = if self.next.is_multiple_of(2) {
             (HealthEventKind::Xid(79), "79")
         } else {
             (HealthEventKind::DoubleBitEcc, "dbe")
