@@ -142,3 +142,69 @@ async fn gpus_change_and_fail_at_run_time() {
     .await;
     running.shutdown().await.unwrap();
 }
+
+/// The two opt-in SDK features, as `--device-status --device-metadata` turns them on: the
+/// prepared GPU's status lands in the claim and its metadata file is mounted through a CDI
+/// device the kubelet gets; unprepare removes both. Run: `cargo test -p mock-gpu --test
+/// runtime device_status_and_metadata`.
+#[tokio::test]
+async fn device_status_and_metadata_when_turned_on() {
+    let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, 1)
+        .with_device_status(true)
+        .with_device_metadata(true);
+    let running = TestCluster::start_with(driver.clone(), DEFAULT_DRIVER_NAME, driver.resources())
+        .await
+        .expect("starting the plugin");
+    let client = running.cluster().client();
+    let claim = AllocatedClaim::new("default", "with-status")
+        .device("gpu", DEFAULT_DRIVER_NAME, NODE_NAME, "gpu-0")
+        .create(&client)
+        .await
+        .unwrap();
+    let claim = claim_ref(&claim).unwrap();
+    let kubelet = running.kubelet();
+    let prepared = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    let devices = prepared[&claim.uid].as_ref().unwrap();
+    assert!(
+        devices[0]
+            .cdi_device_ids
+            .contains(&format!("{DEFAULT_DRIVER_NAME}/metadata={}_gpu", claim.uid)),
+        "{devices:?}"
+    );
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(client.clone(), "default");
+    let status = claims
+        .get_status("with-status")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    let entries = status.devices.unwrap();
+    assert_eq!(entries[0].device, "gpu-0");
+    assert_eq!(
+        entries[0].conditions.as_ref().unwrap()[0].reason,
+        "Prepared"
+    );
+    assert_eq!(
+        entries[0].data.as_ref().unwrap().0["uuid"],
+        driver.gpus()[0].uuid.as_str()
+    );
+
+    let unprepared = kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(unprepared[&claim.uid].is_ok());
+    let status = claims
+        .get_status("with-status")
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert!(status.devices.unwrap_or_default().is_empty());
+    let metadata_spec = running.cluster().cdi_root().join(format!(
+        "{DEFAULT_DRIVER_NAME}_metadata_{}_gpu.json",
+        claim.uid
+    ));
+    assert!(!metadata_spec.exists());
+}
