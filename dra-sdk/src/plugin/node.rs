@@ -8,8 +8,10 @@
 //!    process and in the claim lock files every instance on the node shares;
 //! 2. serve already prepared claims from the checkpoint; GET the others, all at once;
 //! 3. record `PrepareStarted` for the claims about to be prepared (one write);
-//! 4. call the driver and write each claim's CDI spec, concurrently;
-//! 5. record `PrepareCompleted` for the claims that succeeded (one write).
+//! 4. call the driver and write each claim's CDI spec (and device metadata, for a driver that
+//!    opted in), concurrently;
+//! 5. record `PrepareCompleted` for the claims that succeeded (one write);
+//! 6. write the device status the driver returned, concurrently (opt-in; never fails a claim).
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashSet};
