@@ -1,5 +1,9 @@
 //! `NodePrepareResources` of one full-GPU claim and of one MIG claim with the mock backend,
-//! through the plugin's real Unix socket, against the fake API server over loopback HTTP.
+//! through the plugin's real Unix socket, against the fake API server over loopback HTTP; and
+//! with `DynamicMIG` (`dgx-h100`), `NodePrepareResources` plus `NodeUnprepareResources` of one
+//! MIG partition: MIG mode on, GPU and compute instance created, CDI spec and checkpoint
+//! written, then all of it undone. The mock backend's MIG calls change an in-memory table
+//! (microseconds), so the figure is the driver's and the SDK's time.
 //!
 //! The driver is assembled as `gpu-kubelet-plugin --mock-profile dgx-a100` assembles it
 //! ([`NvidiaPlugin::from_args`]: the mock machine's host tree in a temporary directory), so a
@@ -44,6 +48,11 @@ const MIG: Kind = Kind {
     request: "mig",
     config_kind: "MigDeviceConfig",
 };
+const DYNAMIC_MIG: Kind = Kind {
+    label: "dynamic_mig",
+    request: "mig",
+    config_kind: "MigDeviceConfig",
+};
 
 struct Bench {
     cluster: TestCluster,
@@ -56,13 +65,15 @@ struct Bench {
 }
 
 impl Bench {
-    async fn start() -> Self {
+    async fn start(profile: &str, gates: &str) -> Self {
         let cli = Cli::try_parse_from([
             "gpu-kubelet-plugin",
             "--node-name",
             NODE_NAME,
             "--mock-profile",
-            "dgx-a100",
+            profile,
+            "--feature-gates",
+            gates,
         ])
         .expect("flags");
         let nvidia = NvidiaPlugin::from_args(&cli.nvidia).expect("mock machine");
@@ -73,13 +84,17 @@ impl Bench {
             .expect("a full GPU")
             .name
             .clone();
+        // A static MIG device, or with DynamicMIG a partition.
         let mig = nvidia
             .discovery
             .migs
             .first()
-            .expect("a MIG device")
-            .name
-            .clone();
+            .map(|mig| mig.name.clone())
+            .or_else(|| {
+                let partition = nvidia.discovery.partitions.first()?;
+                Some(partition.name.clone())
+            })
+            .expect("a MIG device");
         let cluster = TestCluster::start().await.expect("cluster");
         let plugin = cluster
             .plugin(nvidia.driver.clone(), DRIVER_NAME)
@@ -140,6 +155,10 @@ impl Bench {
         );
         let unprepared = self.kubelet.unprepare(claims).await.expect("unprepare");
         assert!(unprepared.values().all(Result::is_ok), "{unprepared:?}");
+        // Dynamic MIG: the round trip is the measure (creating and destroying the instance).
+        if kind.label == DYNAMIC_MIG.label {
+            return started.elapsed();
+        }
         elapsed
     }
 }
@@ -152,17 +171,29 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
 
 fn prepare(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
-    let bench = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start())));
+    let bench = Arc::new(tokio::sync::Mutex::new(
+        runtime.block_on(Bench::start("dgx-a100", "")),
+    ));
+    let dynamic = Arc::new(tokio::sync::Mutex::new(
+        runtime.block_on(Bench::start("dgx-h100", "DynamicMIG=true")),
+    ));
+    let bench_for = |kind: Kind| {
+        if kind.label == DYNAMIC_MIG.label {
+            Arc::clone(&dynamic)
+        } else {
+            Arc::clone(&bench)
+        }
+    };
 
     let mut group = c.benchmark_group("nvidia_node_prepare_resources");
     group
         .sample_size(30)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for kind in [FULL_GPU, MIG] {
+    for kind in [FULL_GPU, MIG, DYNAMIC_MIG] {
         group.bench_function(kind.label, |b| {
             b.to_async(&runtime).iter_custom(|iterations| {
-                let bench = Arc::clone(&bench);
+                let bench = bench_for(kind);
                 async move {
                     let mut bench = bench.lock().await;
                     let mut total = Duration::ZERO;
@@ -178,7 +209,8 @@ fn prepare(c: &mut Criterion) {
 
     // Percentiles criterion does not print.
     let rounds = 200;
-    for kind in [FULL_GPU, MIG] {
+    for kind in [FULL_GPU, MIG, DYNAMIC_MIG] {
+        let bench = bench_for(kind);
         let samples = runtime.block_on(async {
             let mut bench = bench.lock().await;
             let mut samples = Vec::with_capacity(rounds);
@@ -188,8 +220,13 @@ fn prepare(c: &mut Criterion) {
             samples
         });
         let (p50, p99) = percentiles(samples);
+        let what = if kind.label == DYNAMIC_MIG.label {
+            "prepare + unprepare"
+        } else {
+            "prepare"
+        };
         println!(
-            "prepare of one {} claim: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)",
+            "{what} of one {} claim: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)",
             kind.label.replace('_', "-")
         );
     }

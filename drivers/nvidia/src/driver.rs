@@ -19,6 +19,10 @@
 //!    [`crate::sharing`]), adding the MPS edits; a failure undoes it with the rest;
 //! 6. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
 //!
+//! With `DynamicMIG`, step 4 also creates the GPU and compute instance of each MIG partition
+//! (and a failure destroys the ones created), and unprepare destroys them; see
+//! `driver/dynamic_mig.rs`.
+//!
 //! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
 //! unreadable state is logged and nothing is undone),
 //! returns VFIO devices to their previous driver, undoes sharing (MPS daemons stopped; time
@@ -47,6 +51,7 @@
 //! ```
 
 mod claim_sharing;
+mod dynamic_mig;
 mod gates;
 mod names;
 mod reconcile;
@@ -68,6 +73,7 @@ use dra_sdk::driver::{
 };
 use serde::{Deserialize, Serialize};
 
+pub use dynamic_mig::{KeptMigInstance, MigCleanup, MigInstance, OrphanMigInstance};
 pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
 pub use names::DeviceName;
 pub use reconcile::{ReconcileReport, UnownedBinding};
@@ -81,6 +87,7 @@ use crate::config::{
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
+use crate::mig::MigManager;
 use crate::sharing::{AppliedSharing, ConsumableShares, MpsSettings, SharedAllocation};
 
 /// The driver name upstream uses.
@@ -106,6 +113,7 @@ pub struct NvidiaDriverBuilder {
     health: Option<HealthPolicy>,
     mps: MpsSettings,
     consumable: ConsumableShares,
+    mig: Option<Arc<dyn MigManager>>,
 }
 
 impl NvidiaDriverBuilder {
@@ -121,6 +129,14 @@ impl NvidiaDriverBuilder {
     /// they must then have identical configs. Default: disabled.
     pub fn consumable_shares(mut self, mode: ConsumableShares) -> Self {
         self.consumable = mode;
+        self
+    }
+
+    /// What creates and destroys MIG instances (gate `DynamicMIG`): the backend, when it
+    /// implements [`MigManager`] (the mock and NVML backends do). Without it, preparing a
+    /// MIG partition fails.
+    pub fn mig_manager(mut self, manager: Arc<dyn MigManager>) -> Self {
+        self.mig = Some(manager);
         self
     }
 
@@ -211,6 +227,8 @@ impl NvidiaDriverBuilder {
                 mps: self.mps,
                 consumable: self.consumable,
                 context: Mutex::new(None),
+                mig: self.mig,
+                mig_lock: dynamic_mig::MigLock::default(),
             }),
         }
     }
@@ -238,6 +256,8 @@ struct Inner {
     /// The context of the plugin that started the driver last (`start`): reconcile writes
     /// restarted daemons' records with it.
     context: Mutex<Option<DriverContext>>,
+    mig: Option<Arc<dyn MigManager>>,
+    mig_lock: dynamic_mig::MigLock,
 }
 
 impl NvidiaDriver {
@@ -256,6 +276,7 @@ impl NvidiaDriver {
             health: None,
             mps: MpsSettings::default(),
             consumable: ConsumableShares::Disabled,
+            mig: None,
         }
     }
 
@@ -267,6 +288,14 @@ impl NvidiaDriver {
     /// The feature gates the driver runs with.
     pub fn feature_gates(&self) -> &FeatureGates {
         &self.inner.gates
+    }
+
+    /// Whether the plugin must serialize prepare and unprepare node-wide
+    /// (`PluginBuilder::serialize_operations`): with `DynamicMIG`, so that the start-up
+    /// clean-up of one plugin instance never destroys the instance another is creating for a
+    /// claim not recorded as prepared yet (see `driver/dynamic_mig.rs`).
+    pub fn serializes_operations(&self) -> bool {
+        self.inner.gates.is_enabled(FeatureGate::DynamicMig)
     }
 
     /// Device names currently prepared, with the UID of the claim that holds each (admin
@@ -363,6 +392,9 @@ pub enum PreparedKind {
     },
     /// A GPU passed through with VFIO.
     Vfio(VfioBinding),
+    /// A MIG partition created at prepare (dynamic MIG); unprepare destroys it.
+    #[serde(rename = "migdyn")]
+    MigDynamic(MigInstance),
 }
 
 impl PreparedKind {
@@ -370,7 +402,7 @@ impl PreparedKind {
         match self {
             PreparedKind::Gpu { pci_bus_id, .. } => Some(pci_bus_id),
             PreparedKind::Vfio(binding) => Some(&binding.bus_id),
-            PreparedKind::Mig { .. } => None,
+            PreparedKind::Mig { .. } | PreparedKind::MigDynamic(_) => None,
         }
     }
 }
@@ -493,6 +525,12 @@ impl Reservations {
                     ),
                 });
             }
+            if let Some(conflict) = self.whole_or_split(claim, kind) {
+                return Err(DriverError::Device {
+                    device: device.clone(),
+                    reason: conflict,
+                });
+            }
             for key in reservation_keys(device, kind) {
                 if let Some(owner) = self.by_key.get(&key)
                     && owner.uid != claim.uid
@@ -526,6 +564,37 @@ impl Reservations {
             }
         }
         Ok(())
+    }
+
+    /// Dynamic MIG: a GPU is used whole or split, never both. Counters keep the scheduler
+    /// from allocating both; this holds where an API server dropped them.
+    fn whole_or_split(&self, claim: &ClaimRef, kind: &PreparedKind) -> Option<String> {
+        let held_by_other = |owner: &Owner| owner.uid != claim.uid;
+        match kind {
+            PreparedKind::MigDynamic(instance) => {
+                let whole = format!("gpu-{}", instance.parent_minor);
+                let owner = self
+                    .by_key
+                    .get(&whole)
+                    .filter(|owner| held_by_other(owner))?;
+                Some(format!(
+                    "its GPU {whole} is prepared whole for claim {}/{} ({})",
+                    owner.namespace, owner.name, owner.uid
+                ))
+            }
+            PreparedKind::Gpu { minor, .. } => {
+                let prefix = format!("gpu-{minor}-mig-");
+                let (partition, owner) = self
+                    .by_key
+                    .iter()
+                    .find(|(key, owner)| key.starts_with(&prefix) && held_by_other(owner))?;
+                Some(format!(
+                    "the GPU's MIG partition {partition} is prepared for claim {}/{} ({})",
+                    owner.namespace, owner.name, owner.uid
+                ))
+            }
+            _ => None,
+        }
     }
 
     fn release(&mut self, uid: &str) {
@@ -628,13 +697,14 @@ enum Target {
     Gpu(GpuInfo),
     Mig { parent: GpuInfo, mig: MigDeviceInfo },
     Vfio { bus_id: String, minor: Option<u32> },
+    Partition(dynamic_mig::PlannedPartition),
 }
 
 impl Target {
     fn device_type(&self) -> DeviceType {
         match self {
             Target::Gpu(_) => DeviceType::Gpu,
-            Target::Mig { .. } => DeviceType::Mig,
+            Target::Mig { .. } | Target::Partition(_) => DeviceType::Mig,
             Target::Vfio { .. } => DeviceType::Vfio,
         }
     }
@@ -661,6 +731,17 @@ impl Target {
                 vfio_driver: String::new(),
                 previous_driver: None,
             }),
+            // The instance IDs are filled in once it is created.
+            Target::Partition(plan) => PreparedKind::MigDynamic(MigInstance {
+                uuid: String::new(),
+                parent_uuid: plan.parent.uuid.clone(),
+                parent_minor: plan.parent.minor,
+                profile_id: plan.profile.id,
+                placement_start: plan.placement.start,
+                placement_size: plan.placement.size,
+                gpu_instance_id: 0,
+                compute_instance_id: 0,
+            }),
         }
     }
 }
@@ -676,7 +757,8 @@ fn device_error(device: &str, reason: impl std::fmt::Display) -> DriverError {
 /// the devices named exactly as they are published ([`Discovery`]).
 fn discover(inner: &Inner) -> Result<Discovery, DriverError> {
     let options = DiscoveryOptions::new()
-        .passthrough(inner.gates.is_enabled(FeatureGate::PassthroughSupport));
+        .passthrough(inner.gates.is_enabled(FeatureGate::PassthroughSupport))
+        .dynamic_mig(inner.gates.is_enabled(FeatureGate::DynamicMig));
     Discovery::discover(inner.backend.as_ref(), inner.host.as_ref(), &options)
         .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))
 }
@@ -693,6 +775,7 @@ fn resolve(inner: &Inner, discovery: &Discovery, device: &str) -> Result<Target,
             bus_id: vfio.pci_bus_id.clone(),
             minor: vfio.gpu.as_ref().map(|gpu| gpu.minor),
         }),
+        Some(NodeDevice::Partition(partition)) => Ok(Target::Partition(partition.into())),
         None => Err(device_error(
             device,
             match DeviceName::parse(device) {
@@ -809,8 +892,9 @@ fn prepare_blocking(
     }
 
     let mut bound: Vec<VfioBinding> = Vec::new();
-    let result =
-        prepare_devices(inner, &planned, earlier.as_ref(), &mut bound).and_then(|mut prepared| {
+    let mut created: Vec<MigInstance> = Vec::new();
+    let result = prepare_devices(inner, &planned, earlier.as_ref(), &mut bound, &mut created)
+        .and_then(|mut prepared| {
             prepared.state.sharing =
                 claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
             prepared.state.shares = shares.clone();
@@ -825,6 +909,16 @@ fn prepare_blocking(
             Ok(prepared)
         }
         Err(error) => {
+            let kept = |instance: &&MigInstance| {
+                earlier.iter().flat_map(|state| &state.devices).any(
+                    |device| matches!(&device.kind, PreparedKind::MigDynamic(old) if old == *instance),
+                )
+            };
+            for instance in created.iter().rev().filter(|instance| !kept(instance)) {
+                if let Err(undo) = dynamic_mig::destroy(inner, instance) {
+                    tracing::error!(gpu = %instance.parent_uuid, gpu_instance_id = instance.gpu_instance_id, error = %undo, "rolling back a MIG partition failed");
+                }
+            }
             let binder = inner.binder();
             for binding in bound.iter().rev() {
                 if let Err(restore) = binder.restore(binding) {
@@ -862,6 +956,7 @@ fn prepare_devices(
     planned: &[Planned],
     earlier: Option<&ClaimState>,
     bound: &mut Vec<VfioBinding>,
+    created: &mut Vec<MigInstance>,
 ) -> Result<Prepared, DriverError> {
     let cdi = &inner.cdi;
     let mut edits = Vec::with_capacity(planned.len());
@@ -883,6 +978,13 @@ fn prepare_devices(
                     .mig(parent.minor, mig.gpu_instance_id, mig.compute_instance_id)
                     .map_err(|error| device_error(&plan.device, error))?;
                 (device_edits, plan.target.provisional_kind())
+            }
+            Target::Partition(partition) => {
+                needs_driver = true;
+                let (device_edits, instance) =
+                    dynamic_mig::create(inner, &plan.device, partition, earlier)?;
+                created.push(instance.clone());
+                (device_edits, PreparedKind::MigDynamic(instance))
             }
             Target::Vfio { bus_id, minor } => {
                 let NvidiaConfig::Vfio(config) = &plan.config else {
@@ -984,6 +1086,15 @@ fn unprepare_blocking(
     let binder = inner.binder();
     let mut failures = Vec::new();
     for device in state.devices.iter().rev() {
+        if let PreparedKind::MigDynamic(instance) = &device.kind {
+            if let Err(error) = dynamic_mig::destroy(inner, instance) {
+                failures.push(format!(
+                    "{}: destroying its MIG instance: {error}",
+                    device.device
+                ));
+            }
+            continue;
+        }
         let PreparedKind::Vfio(binding) = &device.kind else {
             continue;
         };
@@ -1003,7 +1114,7 @@ fn unprepare_blocking(
     if !failures.is_empty() {
         // Keep the reservations: the devices are not back yet; the kubelet retries.
         return Err(DriverError::Unavailable(format!(
-            "undoing the prepare (VFIO bindings, sharing): {}",
+            "undoing the prepare (VFIO bindings, sharing, MIG instances): {}",
             failures.join("; ")
         )));
     }
@@ -1172,6 +1283,25 @@ impl Driver for NvidiaDriver {
                     ));
                 }
             }
+        }
+        for orphan in &report.mig.destroyed {
+            tracing::info!(
+                gpu = %orphan.gpu,
+                gpu_instance_id = orphan.gpu_instance_id,
+                profile_id = orphan.profile_id,
+                placement = %orphan.placement,
+                "destroyed a MIG instance no prepared claim records"
+            );
+        }
+        for kept in &report.mig.kept {
+            tracing::warn!(
+                gpu = %kept.instance.gpu,
+                gpu_instance_id = kept.instance.gpu_instance_id,
+                profile_id = kept.instance.profile_id,
+                placement = %kept.instance.placement,
+                reason = %kept.reason,
+                "MIG instance no prepared claim records left as it is"
+            );
         }
         for binding in &report.unowned {
             tracing::warn!(

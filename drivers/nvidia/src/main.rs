@@ -48,6 +48,7 @@ async fn main() -> Result<()> {
         backend = %plugin.backend.name(),
         gpus = plugin.discovery.gpus.len(),
         migs = plugin.discovery.migs.len(),
+        mig_partitions = plugin.discovery.partitions.len(),
         vfio = plugin.discovery.vfio.len(),
         "devices discovered"
     );
@@ -61,6 +62,9 @@ async fn main() -> Result<()> {
         KubeletPlugin::builder(plugin.driver.clone(), DRIVER_NAME, &node_name, client)
             .args(&cli.plugin)?
             .cdi_kind(cdi_kind().context("the CDI kind")?)
+            // Dynamic MIG: no other plugin instance on the node (a rolling update) may create
+            // an instance while this one's start-up clean-up looks for orphans.
+            .serialize_operations(plugin.driver.serializes_operations())
             .resources(resources)
             .start()
             .await

@@ -35,6 +35,7 @@ use crate::devices::{DRIVER_NAME, Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
 use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
+use crate::mig::MigManager;
 use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 
 /// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
@@ -92,8 +93,9 @@ pub struct NvidiaArgs {
     /// MPSSupport, PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata,
     /// DRAListTypeAttributes, FabricManagerPartitioning, ConsumableShares and the
     /// ComputeDomain gates. Dependencies are checked (DeviceMetadata needs
-    /// PassthroughSupport; DynamicMIG excludes PassthroughSupport, NVMLDeviceHealthCheck and
-    /// MPSSupport); an unknown gate is an error listing the known ones.
+    /// PassthroughSupport; DynamicMIG excludes PassthroughSupport and MPSSupport, but not
+    /// NVMLDeviceHealthCheck as upstream does); an unknown gate is an error listing the known
+    /// ones.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGates,
 
@@ -169,10 +171,7 @@ impl NvidiaArgs {
 
 /// Gates this driver does not implement yet: enabling one is a start-up error, not a silent
 /// no-op.
-const UNIMPLEMENTED_GATES: [FeatureGate; 2] = [
-    FeatureGate::DynamicMig,
-    FeatureGate::FabricManagerPartitioning,
-];
+const UNIMPLEMENTED_GATES: [FeatureGate; 1] = [FeatureGate::FabricManagerPartitioning];
 
 /// Why the plugin cannot be assembled from its flags.
 #[derive(Debug, thiserror::Error)]
@@ -243,6 +242,8 @@ pub enum SetupError {
 pub struct NvidiaPlugin {
     /// The hardware.
     pub backend: Arc<dyn GpuBackend>,
+    /// What creates and destroys MIG instances (dynamic MIG): the same backend.
+    pub mig_manager: Arc<dyn MigManager>,
     /// The host (the real one, or the mock machine's files).
     pub host: Arc<dyn Host>,
     /// The `dra_sdk::driver::Driver`.
@@ -296,9 +297,11 @@ impl NvidiaPlugin {
             None
         };
         let passthrough = gates.is_enabled(FeatureGate::PassthroughSupport);
+        let dynamic_mig = gates.is_enabled(FeatureGate::DynamicMig);
         let list_type_attributes = gates.is_enabled(FeatureGate::DraListTypeAttributes);
 
         let mut mock_events = None;
+        let mig: Arc<dyn MigManager>;
         let (backend, host, mock_host_dir): (Arc<dyn GpuBackend>, Arc<dyn Host>, _) = match &args
             .mock_profile
         {
@@ -324,13 +327,17 @@ impl NvidiaPlugin {
                 };
                 let host = FakeHostTree::new(&root)
                     .vfio_pci_loaded(passthrough)
+                    .dynamic_mig(dynamic_mig)
                     .build(backend.hardware())
                     .map_err(SetupError::MockHost)?;
                 tracing::info!(profile = %backend.profile_name(), host_root = %root.display(), "mock backend");
-                (Arc::new(backend), Arc::new(host), temporary)
+                let backend = Arc::new(backend);
+                mig = Arc::clone(&backend) as Arc<dyn MigManager>;
+                (backend, Arc::new(host), temporary)
             }
             None => {
-                let backend = nvml_backend(&args.container_driver_root)?;
+                let (backend, manager) = nvml_backend(&args.container_driver_root)?;
+                mig = manager;
                 let host = if passthrough {
                     if !args.host_root.exists() {
                         return Err(SetupError::HostRootMissing {
@@ -363,6 +370,7 @@ impl NvidiaPlugin {
                 root: args.mps_root.clone(),
                 ..MpsSettings::default()
             })
+            .mig_manager(Arc::clone(&mig))
             .prepared_claims(prepared);
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
@@ -376,11 +384,13 @@ impl NvidiaPlugin {
             host.as_ref(),
             &DiscoveryOptions::new()
                 .passthrough(passthrough)
+                .dynamic_mig(dynamic_mig)
                 .list_type_attributes(list_type_attributes)
                 .consumable_shares(consumable),
         )?;
         Ok(Self {
             backend,
+            mig_manager: mig,
             host,
             driver,
             discovery,
@@ -424,7 +434,7 @@ pub fn cdi_kind() -> Result<Kind, CdiError> {
 pub fn backend(args: &NvidiaArgs) -> Result<Arc<dyn GpuBackend>, SetupError> {
     match &args.mock_profile {
         Some(profile) => Ok(Arc::new(MockBackend::from_profile(profile)?)),
-        None => nvml_backend(&args.container_driver_root),
+        None => nvml_backend(&args.container_driver_root).map(|(backend, _)| backend),
     }
 }
 
@@ -470,7 +480,7 @@ fn prepare_mock_root(root: &Path) -> Result<(), SetupError> {
 /// `libnvidia-ml.so.1` under the container driver root, where the usual library directories
 /// have it; else the loader's search path.
 #[cfg(feature = "nvml")]
-fn nvml_backend(container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, SetupError> {
+fn nvml_backend(container_driver_root: &Path) -> Result<NvmlBackends, SetupError> {
     use crate::backend::nvml::{DEFAULT_LIBRARY, NvmlBackend};
     let candidates = [
         "usr/lib64",
@@ -486,11 +496,15 @@ fn nvml_backend(container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, Set
         .map(|dir| container_driver_root.join(dir).join(DEFAULT_LIBRARY))
         .find(|path| path.exists())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_LIBRARY));
-    Ok(Arc::new(NvmlBackend::open(library)?))
+    let backend = Arc::new(NvmlBackend::open(library)?);
+    Ok((Arc::clone(&backend) as Arc<dyn GpuBackend>, backend))
 }
 
+/// The NVML backend, as the read-only backend and as the MIG manager.
+type NvmlBackends = (Arc<dyn GpuBackend>, Arc<dyn MigManager>);
+
 #[cfg(not(feature = "nvml"))]
-fn nvml_backend(_container_driver_root: &Path) -> Result<Arc<dyn GpuBackend>, SetupError> {
+fn nvml_backend(_container_driver_root: &Path) -> Result<NvmlBackends, SetupError> {
     Err(SetupError::NvmlNotBuilt)
 }
 
@@ -628,11 +642,14 @@ mod tests {
             "--mock-profile",
             "dgx-a100",
             "--feature-gates",
-            "DynamicMIG=true",
+            "FabricManagerPartitioning=true",
         ])
         .unwrap();
         let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
-        assert!(error.to_string().contains("DynamicMIG"), "{error}");
+        assert!(
+            error.to_string().contains("FabricManagerPartitioning"),
+            "{error}"
+        );
         let cli = parse(&["--mock-profile", "dgx-a100", "--consumable-shares", "4"]).unwrap();
         let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
         assert!(error.to_string().contains("ConsumableShares"), "{error}");

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use clap::Parser;
 use dra_driver_nvidia::cdi::DriverRoot;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::driver::NvidiaDriver;
+use dra_driver_nvidia::driver::{FeatureGate, NvidiaDriver};
+use dra_driver_nvidia::health::HealthPolicy;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
@@ -41,6 +42,8 @@ async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
     let resources = nvidia.resources(NODE_NAME);
     let (backend, host) = (Arc::clone(&nvidia.backend), Arc::clone(&nvidia.host));
+    let mig = Arc::clone(&nvidia.mig_manager);
+    let serialize = nvidia.driver.serializes_operations();
     let report = Conformance::in_process_with(move |cluster| {
         // What the binary does at each start: reserve what the checkpoint holds.
         let (checkpoint, _) =
@@ -49,11 +52,19 @@ async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
             .driver_root(DriverRoot::new(Arc::clone(&host), "/"))
             .feature_gates(gates.clone())
             .consumable_shares(consumable)
-            .prepared_claims(checkpoint.records().unwrap())
-            .build();
+            .mig_manager(Arc::clone(&mig))
+            .prepared_claims(checkpoint.records().unwrap());
+        // As the binary: the health monitor with the gate.
+        let driver = if gates.is_enabled(FeatureGate::NvmlDeviceHealthCheck) {
+            driver.health(HealthPolicy::default())
+        } else {
+            driver
+        }
+        .build();
         drop(checkpoint);
         cluster
             .plugin(driver, DRIVER_NAME)
+            .serialize_operations(serialize)
             .resources(resources.clone())
     })
     .run()
@@ -150,6 +161,23 @@ async fn mixed_is_conformant_with_four_shares_per_device() {
             "ConsumableShares=true",
             "--consumable-shares",
             "4",
+        ],
+    )
+    .await;
+}
+
+/// Dynamic MIG: the A100s in MIG mode and every H100 published as partitionable devices
+/// (counters), partitions created at prepare; with health checking on as well, which upstream
+/// excludes.
+#[tokio::test]
+async fn dynamic_mig_is_conformant() {
+    conformant_with("dgx-a100", false, &["--feature-gates", "DynamicMIG=true"]).await;
+    conformant_with(
+        "dgx-h100",
+        false,
+        &[
+            "--feature-gates",
+            "DynamicMIG=true,NVMLDeviceHealthCheck=true",
         ],
     )
     .await;

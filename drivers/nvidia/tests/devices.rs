@@ -129,17 +129,20 @@ fn capacity(device: &Device, name: &str) -> String {
 }
 
 fn discover(profile: &str, passthrough: bool) -> (tempfile::TempDir, MockBackend, Discovery) {
+    discover_with(profile, &DiscoveryOptions::new().passthrough(passthrough))
+}
+
+fn discover_with(
+    profile: &str,
+    options: &DiscoveryOptions,
+) -> (tempfile::TempDir, MockBackend, Discovery) {
     let dir = tempfile::tempdir().unwrap();
     let backend = MockBackend::from_profile(profile).unwrap();
     let host = FakeHostTree::new(dir.path())
+        .dynamic_mig(options.dynamic_mig)
         .build(backend.hardware())
         .unwrap();
-    let discovery = Discovery::discover(
-        &backend,
-        &host,
-        &DiscoveryOptions::new().passthrough(passthrough),
-    )
-    .unwrap();
+    let discovery = Discovery::discover(&backend, &host, options).unwrap();
     (dir, backend, discovery)
 }
 
@@ -360,4 +363,128 @@ fn a_bad_profile_file_names_file_and_field() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("typo"), "{message}");
+}
+
+// ---- dynamic MIG: the counters against the reference tables ------------------------------
+
+fn dynamic(profile: &str) -> (tempfile::TempDir, MockBackend, Discovery) {
+    discover_with(profile, &DiscoveryOptions::new().dynamic_mig(true))
+}
+
+fn quantities(map: &BTreeMap<String, dra_sdk::slices::Quantity>) -> BTreeMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+}
+
+/// What a row consumes (or, for the largest row, what the GPU holds): its dimensions and the
+/// memory slices `slices`.
+fn counters_of(row: &MigRow, slices: std::ops::Range<u32>) -> BTreeMap<String, String> {
+    let (_, _, mib, sm, ce, dec, enc, jpg, ofa, _, _) = *row;
+    let mut counters: BTreeMap<String, String> = [
+        ("multiprocessors", sm.to_string()),
+        ("copy-engines", ce.to_string()),
+        ("decoders", dec.to_string()),
+        ("encoders", enc.to_string()),
+        ("jpeg-engines", jpg.to_string()),
+        ("ofa-engines", ofa.to_string()),
+        ("memory", format!("{mib}Mi")),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect();
+    counters.extend(slices.map(|slice| (format!("memory-slice-{slice}"), "1".to_owned())));
+    counters
+}
+
+/// Every partitionable GPU's pool: the counter set holds the 7g row and 8 memory slices;
+/// each partition of each row consumes its row and the slices of its placement; the full GPU,
+/// when published, consumes everything; nothing else is in the pool. Returns the number of
+/// partitionable GPUs and of them the number with the full GPU published.
+fn check_partitions(profile: &str) -> (usize, usize) {
+    let (_dir, _backend, discovery) = dynamic(profile);
+    let pools = discovery.partition_pools("node-1");
+    let mut with_full = 0;
+    for parent in &discovery.partitionable {
+        let minor = parent.info.minor;
+        let model = model_of(&parent.info.product_name);
+        let (_, pool) = pools
+            .iter()
+            .find(|(name, _)| *name == format!("node-1/gpu-{minor}"))
+            .unwrap_or_else(|| panic!("{profile}: no pool for gpu-{minor}"));
+        let set_name = format!("gpu-{minor}-counter-set");
+        assert_eq!(pool.shared_counters.len(), 1);
+        assert_eq!(pool.shared_counters[0].name, set_name);
+        let everything = counters_of(model.mig.last().unwrap(), 0..8);
+        assert_eq!(quantities(&pool.shared_counters[0].counters), everything);
+        let mut expected = 0;
+        for row in model.mig {
+            let (name, id, .., starts, size) = *row;
+            for &start in starts {
+                let device_name = format!(
+                    "gpu-{minor}-mig-{}-{id}-{start}",
+                    name.replace('.', "").replace('+', "-")
+                );
+                let device = pool
+                    .devices
+                    .iter()
+                    .find(|device| device.name == device_name)
+                    .unwrap_or_else(|| panic!("{device_name} is not published"));
+                assert_eq!(device.consumes_counters.len(), 1);
+                assert_eq!(device.consumes_counters[0].counter_set, set_name);
+                assert_eq!(
+                    quantities(&device.consumes_counters[0].counters),
+                    counters_of(row, start..start + size),
+                    "{device_name}"
+                );
+                assert!(!device.attributes.contains_key("uuid"), "{device_name}");
+                assert_eq!(string(device, "profile"), name);
+                expected += 1;
+            }
+        }
+        if let Some(full) = pool
+            .devices
+            .iter()
+            .find(|d| d.name == format!("gpu-{minor}"))
+        {
+            assert_eq!(
+                quantities(&full.consumes_counters[0].counters),
+                everything,
+                "the full GPU consumes everything"
+            );
+            with_full += 1;
+            expected += 1;
+        }
+        assert_eq!(pool.devices.len(), expected, "{profile}: gpu-{minor}");
+    }
+    (discovery.partitionable.len(), with_full)
+}
+
+#[test]
+fn dynamic_mig_counters_follow_the_reference_tables() {
+    // A100-80GB: GPUs 0-2 are in MIG mode (Ampere cannot leave it without a reset):
+    // partitions only; GPUs 3-7 have MIG off and cannot turn it on: plain full GPUs.
+    assert_eq!(check_partitions("dgx-a100"), (3, 0));
+    let (_dir, _backend, a100) = dynamic("dgx-a100");
+    assert!(a100.migs.is_empty(), "no static MIG devices under the gate");
+    let node: Vec<String> = a100.devices().into_iter().map(|d| d.name).collect();
+    assert_eq!(node, ["gpu-3", "gpu-4", "gpu-5", "gpu-6", "gpu-7"]);
+    // H100: Hopper turns MIG on at prepare: every GPU, with its full GPU.
+    assert_eq!(check_partitions("dgx-h100"), (8, 8));
+    // A100-40GB (in MIG mode) next to a T4.
+    assert_eq!(check_partitions("mixed"), (1, 0));
+}
+
+#[test]
+fn dynamic_mig_pools_are_valid_in_both_slice_layouts() {
+    for profile in ["dgx-a100", "dgx-h100", "mixed"] {
+        let (_dir, _backend, discovery) = dynamic(profile);
+        let resources = discovery.resources("node-1");
+        // 1.34: counter sets with their consumers; 1.35+: counter sets in slices of their own.
+        for release in [34, 35, 36] {
+            resources
+                .validate(&SliceLimits::for_release(KubernetesVersion::new(
+                    1, release,
+                )))
+                .unwrap_or_else(|error| panic!("{profile} on 1.{release}: {error}"));
+        }
+    }
 }

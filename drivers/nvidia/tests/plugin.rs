@@ -257,3 +257,105 @@ async fn with_consumable_shares_a_gpu_is_allocated_to_as_many_claims_as_it_has_s
         .unwrap_err();
     assert!(!error.is_empty());
 }
+
+/// Dynamic MIG through the test kit's allocator: the counters keep overlapping partitions
+/// apart, a partition blocks the full GPU and the full GPU every partition, and a freed
+/// placement is handed out again.
+#[tokio::test]
+async fn dynamic_mig_counters_keep_partitions_apart() {
+    let fixture = start("dgx-h100", "DynamicMIG=true").await;
+    let names = fixture.published().await;
+    // 8 GPUs × (full GPU + 25 partitions).
+    assert_eq!(names.len(), 8 * 26, "{names:?}");
+    let gpu0 = fixture._nvidia.discovery.partitionable[0].info.uuid.clone();
+    let domain = "device.attributes['gpu.nvidia.com']";
+    let on_gpu0 = |profile: &str| {
+        format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '{profile}'")
+    };
+    let whole = format!("{domain}.uuid == '{gpu0}'");
+    let claims: Api<ResourceClaim> = Api::namespaced(fixture.cluster.client(), "default");
+    // What the resourceclaim controller does when the claim's pod is gone: the allocation
+    // is cleared, which frees the counters.
+    let deallocate = |name: &'static str| {
+        let claims = claims.clone();
+        async move {
+            let mut claim = claims.get(name).await.unwrap();
+            claim.status = None;
+            claims
+                .replace_status(name, &PostParams::default(), &claim)
+                .await
+                .unwrap();
+        }
+    };
+
+    // The full GPU blocks every partition of it.
+    assert_eq!(
+        fixture
+            .allocate("whole", "gpu.nvidia.com", Some(&whole))
+            .await
+            .unwrap(),
+        ["gpu-0"]
+    );
+    let error = fixture
+        .allocate("blocked", "mig.nvidia.com", Some(&on_gpu0("1g.10gb")))
+        .await
+        .unwrap_err();
+    assert!(!error.is_empty());
+    deallocate("whole").await;
+
+    // Two 3g.40gb fill the GPU's eight memory slices: nothing else fits, the full GPU
+    // neither.
+    assert_eq!(
+        fixture
+            .allocate("left", "mig.nvidia.com", Some(&on_gpu0("3g.40gb")))
+            .await
+            .unwrap(),
+        ["gpu-0-mig-3g40gb-9-0"]
+    );
+    assert_eq!(
+        fixture
+            .allocate("right", "mig.nvidia.com", Some(&on_gpu0("3g.40gb")))
+            .await
+            .unwrap(),
+        ["gpu-0-mig-3g40gb-9-4"]
+    );
+    for (name, profile) in [("small", "1g.10gb"), ("media", "1g.10gb+me")] {
+        assert!(
+            fixture
+                .allocate(name, "mig.nvidia.com", Some(&on_gpu0(profile)))
+                .await
+                .is_err(),
+            "{profile} must not fit"
+        );
+    }
+    assert!(
+        fixture
+            .allocate("whole-again", "gpu.nvidia.com", Some(&whole))
+            .await
+            .is_err()
+    );
+
+    // Freed slices are reused: two 2g.20gb where the left 3g.40gb was.
+    deallocate("left").await;
+    assert_eq!(
+        fixture
+            .allocate("two", "mig.nvidia.com", Some(&on_gpu0("2g.20gb")))
+            .await
+            .unwrap(),
+        ["gpu-0-mig-2g20gb-14-0"]
+    );
+    assert_eq!(
+        fixture
+            .allocate("three", "mig.nvidia.com", Some(&on_gpu0("2g.20gb")))
+            .await
+            .unwrap(),
+        ["gpu-0-mig-2g20gb-14-2"]
+    );
+    // The 2g.20gb at 4:2 overlaps the right 3g.40gb.
+    assert!(
+        fixture
+            .allocate("four", "mig.nvidia.com", Some(&on_gpu0("2g.20gb")))
+            .await
+            .is_err()
+    );
+}

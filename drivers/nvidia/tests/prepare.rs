@@ -297,6 +297,26 @@ impl Running {
             .collect()
     }
 
+    /// Prepares one claim; its outcome.
+    async fn prepare_one(&self, claim: &ClaimRef) -> dra_sdk::testing::kubelet::PrepareOutcome {
+        let mut outcomes = self
+            .kubelet
+            .prepare(std::slice::from_ref(claim))
+            .await
+            .unwrap();
+        outcomes.remove(&claim.uid).unwrap()
+    }
+
+    /// Unprepares one claim; its outcome.
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
+        let mut outcomes = self
+            .kubelet
+            .unprepare(std::slice::from_ref(claim))
+            .await
+            .unwrap();
+        outcomes.remove(&claim.uid).unwrap()
+    }
+
     async fn shutdown(self) {
         self.plugin.shutdown().await.unwrap();
     }
@@ -1093,3 +1113,5 @@ async fn a_vfio_claim_failed_by_the_sdk_after_prepare_still_gives_the_gpu_back()
     assert!(r.driver.prepared_devices().is_empty());
     r.shutdown().await;
 }
+
+mod dynamic_mig;

@@ -108,3 +108,101 @@ fn without_passthrough_only_recorded_bindings_are_looked_at() {
     assert!(report.failures.is_empty(), "{report:?}");
     assert_eq!(f.bound_driver(&bus_ids[0]).as_deref(), Some("vfio-pci"));
 }
+
+/// Dynamic MIG: at start, every MIG instance no completed claim records is destroyed
+/// (compute instance, then GPU instance), except on a GPU that waits for a reset, whose
+/// instances are reported and left alone; MIG mode is never touched. Without the gate,
+/// nothing is.
+#[test]
+fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
+    use dra_driver_nvidia::backend::{GpuBackend, MigMode};
+    use dra_driver_nvidia::driver::MigInstance;
+    use dra_driver_nvidia::mig::MigCall;
+
+    let f = Fixture::new("dgx-a100");
+    let mig = f.backend.mig();
+    let [gpu0, gpu1, gpu2] = [0, 1, 2].map(|i| f.inventory.gpus[i].clone());
+
+    let untouched = f.driver("").reconcile_claims([]);
+    assert_eq!(untouched.mig, Default::default());
+    assert!(mig.calls().is_empty());
+
+    // GPU 2 waits for a reset: MIG was switched off, the change is pending.
+    mig.set_mode(
+        &gpu2,
+        MigMode {
+            current: true,
+            pending: false,
+        },
+    );
+    // A completed claim owns GPU 1's 3g.40gb at 4:4 (GPU instance 1).
+    let owned = gpu1
+        .mig_devices
+        .iter()
+        .find(|d| d.gpu_instance_id == 1)
+        .unwrap();
+    let state = ClaimState {
+        devices: vec![PreparedDeviceState {
+            device: "gpu-1-mig-3g40gb-9-4".to_owned(),
+            admin_access: false,
+            kind: PreparedKind::MigDynamic(MigInstance {
+                uuid: owned.uuid.clone(),
+                parent_uuid: gpu1.info.uuid.clone(),
+                parent_minor: gpu1.info.minor,
+                profile_id: 9,
+                placement_start: 4,
+                placement_size: 4,
+                gpu_instance_id: 1,
+                compute_instance_id: 0,
+            }),
+        }],
+        ..ClaimState::default()
+    };
+    let driver = f.driver("DynamicMIG=true");
+    let report = driver.reconcile_claims([(ClaimRef::new("default", "kept", "uid-kept"), state)]);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+
+    let destroyed: Vec<(String, u32)> = report
+        .mig
+        .destroyed
+        .iter()
+        .map(|o| (o.gpu.clone(), o.gpu_instance_id))
+        .collect();
+    let mut expected: Vec<(String, u32)> =
+        (7..=13).map(|gi| (gpu0.info.uuid.clone(), gi)).collect();
+    expected.extend([5, 7, 8].map(|gi| (gpu1.info.uuid.clone(), gi)));
+    assert_eq!(destroyed, expected);
+    let calls = mig.take_calls();
+    let mut expected_calls = Vec::new();
+    for (gpu, gi) in &expected {
+        expected_calls.push(MigCall::DestroyComputeInstance {
+            gpu: gpu.clone(),
+            gpu_instance_id: *gi,
+            compute_instance_id: 0,
+        });
+        expected_calls.push(MigCall::DestroyGpuInstance {
+            gpu: gpu.clone(),
+            gpu_instance_id: *gi,
+        });
+    }
+    assert_eq!(calls, expected_calls);
+
+    assert_eq!(report.mig.kept.len(), 3);
+    for kept in &report.mig.kept {
+        assert_eq!(kept.instance.gpu, gpu2.info.uuid);
+        assert!(kept.reason.contains("waits for a reset"), "{}", kept.reason);
+    }
+    assert!(f.backend.mig_devices(&gpu0.info.uuid).unwrap().is_empty());
+    let left = f.backend.mig_devices(&gpu1.info.uuid).unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].uuid, owned.uuid);
+    assert_eq!(f.backend.mig_devices(&gpu2.info.uuid).unwrap().len(), 3);
+    // Still reserved for its claim.
+    assert_eq!(
+        driver
+            .prepared_devices()
+            .get("gpu-1-mig-3g40gb-9-4")
+            .map(String::as_str),
+        Some("uid-kept")
+    );
+}

@@ -69,6 +69,9 @@ use serde::Deserialize;
 
 use crate::health::{HealthEventStream, MockEvents};
 
+mod mig;
+pub use mig::MockMig;
+
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, GpuInventory,
     Inventory, MigDeviceInfo, MigEngines, MigMode, MigPlacement, MigProfileInfo, PciInfo,
@@ -222,6 +225,8 @@ pub struct MockBackend {
     inventory: Inventory,
     /// Health events to deliver (injected or from a file); shared by clones.
     events: MockEvents,
+    /// MIG instances created and destroyed since the profile was loaded; shared by clones.
+    mig: MockMig,
 }
 
 impl MockBackend {
@@ -270,6 +275,7 @@ impl MockBackend {
             profile: file.name.clone().unwrap_or(default_name),
             inventory,
             events: MockEvents::default(),
+            mig: MockMig::default(),
         })
     }
 
@@ -292,7 +298,14 @@ impl MockBackend {
         self.events.clone()
     }
 
-    /// The whole machine, without going through the trait.
+    /// The MIG state changes (dynamic MIG): the calls received, injected failures. Clones of
+    /// the backend share it.
+    pub fn mig(&self) -> MockMig {
+        self.mig.clone()
+    }
+
+    /// The whole machine as the profile describes it, without going through the trait (MIG
+    /// instances created since are not in it; [`GpuBackend::inventory`] has them).
     pub fn hardware(&self) -> &Inventory {
         &self.inventory
     }
@@ -336,11 +349,11 @@ impl GpuBackend for MockBackend {
     }
 
     fn mig_mode(&self, gpu_uuid: &str) -> Result<Option<MigMode>, BackendError> {
-        Ok(self.gpu(gpu_uuid)?.mig_mode)
+        Ok(self.mig.current(self.gpu(gpu_uuid)?).0)
     }
 
     fn mig_devices(&self, gpu_uuid: &str) -> Result<Vec<MigDeviceInfo>, BackendError> {
-        Ok(self.gpu(gpu_uuid)?.mig_devices.clone())
+        Ok(self.mig.current(self.gpu(gpu_uuid)?).1)
     }
 
     fn mig_profiles(&self, gpu_uuid: &str) -> Result<Vec<MigProfileInfo>, BackendError> {
@@ -348,7 +361,11 @@ impl GpuBackend for MockBackend {
     }
 
     fn inventory(&self) -> Result<Inventory, BackendError> {
-        Ok(self.inventory.clone())
+        let mut inventory = self.inventory.clone();
+        for gpu in &mut inventory.gpus {
+            (gpu.mig_mode, gpu.mig_devices) = self.mig.current(gpu);
+        }
+        Ok(inventory)
     }
 }
 

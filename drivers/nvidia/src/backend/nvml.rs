@@ -29,8 +29,9 @@ use crate::health::HealthEventStream;
 
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, MigDeviceInfo,
-    MigMode, MigProfileInfo, PciInfo,
+    MigMode, MigPlacement, MigProfileInfo, PciInfo,
 };
+use crate::mig::{GpuInstanceInfo, MigError, MigManager};
 
 /// The NVML library's default name, found through the dynamic loader's search path.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -219,6 +220,65 @@ impl GpuBackend for NvmlBackend {
     }
 }
 
+impl MigManager for NvmlBackend {
+    fn create_gpu_instance(
+        &self,
+        gpu_uuid: &str,
+        profile_id: u32,
+        placement: MigPlacement,
+    ) -> Result<u32, MigError> {
+        let device = self.device(gpu_uuid)?;
+        self.mig
+            .create_gpu_instance(&device, gpu_uuid, profile_id, placement)
+    }
+
+    fn create_compute_instance(
+        &self,
+        gpu_uuid: &str,
+        gpu_instance_id: u32,
+    ) -> Result<u32, MigError> {
+        let device = self.device(gpu_uuid)?;
+        self.mig
+            .create_compute_instance(&device, gpu_uuid, gpu_instance_id)
+    }
+
+    fn destroy_compute_instance(
+        &self,
+        gpu_uuid: &str,
+        gpu_instance_id: u32,
+        compute_instance_id: u32,
+    ) -> Result<(), MigError> {
+        let device = self.device(gpu_uuid)?;
+        self.mig
+            .destroy_compute_instance(&device, gpu_uuid, gpu_instance_id, compute_instance_id)
+    }
+
+    fn destroy_gpu_instance(&self, gpu_uuid: &str, gpu_instance_id: u32) -> Result<(), MigError> {
+        let device = self.device(gpu_uuid)?;
+        self.mig
+            .destroy_gpu_instance(&device, gpu_uuid, gpu_instance_id)
+    }
+
+    fn gpu_instances(&self, gpu_uuid: &str) -> Result<Vec<GpuInstanceInfo>, MigError> {
+        if !self.mig_mode(gpu_uuid)?.is_some_and(|mode| mode.current) {
+            return Ok(Vec::new());
+        }
+        let device = self.device(gpu_uuid)?;
+        let profiles: Vec<u32> = self
+            .mig
+            .profiles(&device, gpu_uuid)?
+            .iter()
+            .map(|profile| profile.id)
+            .collect();
+        self.mig.gpu_instances(&device, gpu_uuid, &profiles)
+    }
+
+    fn set_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<MigMode, MigError> {
+        let device = self.device(gpu_uuid)?;
+        self.mig.set_mig_mode(&device, gpu_uuid, enabled)
+    }
+}
+
 /// Health events through an NVML event set.
 mod events {
     use std::collections::VecDeque;
@@ -383,6 +443,8 @@ fn brand_name(brand: Brand) -> String {
 /// The raw NVML calls nvml-wrapper 0.11 does not wrap.
 #[allow(unsafe_code)]
 mod ffi {
+    mod mig;
+
     use std::ffi::{CStr, OsStr};
 
     use nvml_wrapper::error::nvml_try;

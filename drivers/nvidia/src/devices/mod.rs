@@ -67,6 +67,9 @@ use crate::backend::{
 use crate::host::{Host, HostError, facts};
 use crate::sharing::ConsumableShares;
 
+pub mod partitions;
+pub use partitions::{MigPartition, PartitionableGpu, partition_pool_name};
+
 /// The driver name: the attribute domain, and the `spec.driver` of its ResourceSlices.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
 /// DeviceClass of full GPUs.
@@ -124,6 +127,9 @@ pub struct DiscoveryOptions {
     /// Publish GPUs and MIG devices for several claims (gate `ConsumableShares`, see
     /// [`crate::sharing::consumable`]).
     pub consumable_shares: ConsumableShares,
+    /// Publish MIG-capable GPUs as partitionable devices (feature gate `DynamicMIG`, see
+    /// [`partitions`]).
+    pub dynamic_mig: bool,
 }
 
 impl DiscoveryOptions {
@@ -147,6 +153,12 @@ impl DiscoveryOptions {
     /// How GPUs and MIG devices are shared between claims.
     pub fn consumable_shares(mut self, mode: ConsumableShares) -> Self {
         self.consumable_shares = mode;
+        self
+    }
+
+    /// With MIG-capable GPUs partitionable (dynamic MIG) or not.
+    pub fn dynamic_mig(mut self, enabled: bool) -> Self {
+        self.dynamic_mig = enabled;
         self
     }
 }
@@ -222,7 +234,8 @@ struct GpuAttributes {
 #[derive(Clone, Debug, DeviceAttributes)]
 struct MigAttributes {
     r#type: DeviceType,
-    uuid: String,
+    /// `None` for a dynamic MIG partition: its instance exists only once prepared.
+    uuid: Option<String>,
     #[dra(name = "parentUUID")]
     parent_uuid: String,
     profile: String,
@@ -242,6 +255,33 @@ struct MigAttributes {
     ofa_engines: u32,
     #[dra(capacity)]
     memory: Bytes,
+}
+
+impl MigAttributes {
+    /// A MIG device's attributes: its UUID (when it exists), its parent's, its profile's
+    /// name and capacities (`memory`: the profile's MiB × 2^20).
+    fn new(
+        uuid: Option<String>,
+        parent: &GpuInfo,
+        profile: &MigProfileInfo,
+        common: &GpuCommon,
+    ) -> Self {
+        let engines = &profile.engines;
+        Self {
+            r#type: DeviceType::Mig,
+            uuid,
+            parent_uuid: parent.uuid.clone(),
+            profile: profile.name.clone(),
+            common: common.clone(),
+            multiprocessors: engines.multiprocessors,
+            copy_engines: engines.copy_engines,
+            decoders: engines.decoders,
+            encoders: engines.encoders,
+            jpeg_engines: engines.jpeg_engines,
+            ofa_engines: engines.ofa_engines,
+            memory: Bytes(profile.memory_bytes()),
+        }
+    }
 }
 
 #[derive(Clone, Debug, DeviceAttributes)]
@@ -277,6 +317,8 @@ pub struct GpuDevice {
     pub mig_mode: Option<MigMode>,
     /// Its VFIO twin's counter set, when passthrough is on.
     pub twin_counter_set: Option<String>,
+    /// The GPU is partitionable (dynamic MIG): the full GPU consumes all of its counter set.
+    pub partitionable: Option<PartitionableGpu>,
     attributes: GpuAttributes,
 }
 
@@ -326,6 +368,8 @@ pub enum NodeDevice<'a> {
     Mig(&'a MigDevice),
     /// A VFIO device.
     Vfio(&'a VfioDevice),
+    /// A MIG partition of a partitionable GPU (dynamic MIG), created at prepare.
+    Partition(&'a MigPartition),
 }
 
 impl NodeDevice<'_> {
@@ -335,6 +379,7 @@ impl NodeDevice<'_> {
             Self::Gpu(gpu) => &gpu.name,
             Self::Mig(mig) => &mig.name,
             Self::Vfio(vfio) => &vfio.name,
+            Self::Partition(partition) => &partition.name,
         }
     }
 
@@ -342,7 +387,7 @@ impl NodeDevice<'_> {
     pub fn device_type(&self) -> DeviceType {
         match self {
             Self::Gpu(_) => DeviceType::Gpu,
-            Self::Mig(_) => DeviceType::Mig,
+            Self::Mig(_) | Self::Partition(_) => DeviceType::Mig,
             Self::Vfio(_) => DeviceType::Vfio,
         }
     }
@@ -359,6 +404,10 @@ pub struct Discovery {
     pub migs: Vec<MigDevice>,
     /// VFIO devices, by index.
     pub vfio: Vec<VfioDevice>,
+    /// Partitionable GPUs (dynamic MIG), by minor.
+    pub partitionable: Vec<PartitionableGpu>,
+    /// The MIG partitions of the partitionable GPUs, by GPU, profile and placement.
+    pub partitions: Vec<MigPartition>,
     /// The hardware as the backend reported it.
     pub inventory: Inventory,
     /// How GPUs and MIG devices are published for sharing.
@@ -420,6 +469,8 @@ impl Discovery {
 
         let mut gpus = Vec::new();
         let mut migs = Vec::new();
+        let mut partitionable = Vec::new();
+        let mut partition_devices = Vec::new();
         for (gpu, info) in inventory.gpus.iter().zip(&completed) {
             let common = GpuCommon {
                 product_name: info.product_name.clone(),
@@ -438,12 +489,36 @@ impl Discovery {
                 addressing_mode: info.addressing_mode.clone(),
             };
             let mig_on = gpu.mig_mode.is_some_and(|mode| mode.current);
+            if options.dynamic_mig && partitions::is_partitionable(gpu) {
+                // Instances that exist now belong to prepared claims or are orphans the
+                // driver destroys at start: the partitions stand for all of them.
+                let (parent, mut devices) = partitions::partition(gpu, info, &common);
+                partition_devices.append(&mut devices);
+                if !mig_on {
+                    gpus.push(GpuDevice {
+                        name: format!("gpu-{}", info.minor),
+                        info: info.clone(),
+                        mig_mode: gpu.mig_mode,
+                        twin_counter_set: None,
+                        partitionable: Some(parent.clone()),
+                        attributes: GpuAttributes {
+                            r#type: DeviceType::Gpu,
+                            uuid: info.uuid.clone(),
+                            common: common.clone(),
+                            memory: Bytes(info.memory_bytes),
+                        },
+                    });
+                }
+                partitionable.push(parent);
+                continue;
+            }
             if !mig_on {
                 gpus.push(GpuDevice {
                     name: format!("gpu-{}", info.minor),
                     info: info.clone(),
                     mig_mode: gpu.mig_mode,
                     twin_counter_set: twin_of(&info.pci.bus_id),
+                    partitionable: None,
                     attributes: GpuAttributes {
                         r#type: DeviceType::Gpu,
                         uuid: info.uuid.clone(),
@@ -470,20 +545,7 @@ impl Discovery {
                     parent: info.clone(),
                     mig: mig.clone(),
                     profile: profile.clone(),
-                    attributes: MigAttributes {
-                        r#type: DeviceType::Mig,
-                        uuid: mig.uuid.clone(),
-                        parent_uuid: info.uuid.clone(),
-                        profile: profile.name.clone(),
-                        common: common.clone(),
-                        multiprocessors: profile.engines.multiprocessors,
-                        copy_engines: profile.engines.copy_engines,
-                        decoders: profile.engines.decoders,
-                        encoders: profile.engines.encoders,
-                        jpeg_engines: profile.engines.jpeg_engines,
-                        ofa_engines: profile.engines.ofa_engines,
-                        memory: Bytes(profile.memory_bytes()),
-                    },
+                    attributes: MigAttributes::new(Some(mig.uuid.clone()), info, profile, &common),
                 });
             }
         }
@@ -525,6 +587,8 @@ impl Discovery {
             gpus,
             migs,
             vfio,
+            partitionable,
+            partitions: partition_devices,
             inventory,
             consumable_shares: options.consumable_shares,
         };
@@ -539,6 +603,9 @@ impl Discovery {
                 NodeDevice::Gpu(gpu) => gpu.info.uuid.clone(),
                 NodeDevice::Mig(mig) => mig.mig.uuid.clone(),
                 NodeDevice::Vfio(vfio) => vfio.pci_bus_id.clone(),
+                NodeDevice::Partition(partition) => {
+                    format!("{} at {}", partition.profile.name, partition.placement)
+                }
             };
             if let Some(first) = seen.insert(device.name().to_owned(), id.clone()) {
                 return Err(DiscoveryError::DuplicateName {
@@ -558,6 +625,7 @@ impl Discovery {
             .map(NodeDevice::Gpu)
             .chain(self.migs.iter().map(NodeDevice::Mig))
             .chain(self.vfio.iter().map(NodeDevice::Vfio))
+            .chain(self.partitions.iter().map(NodeDevice::Partition))
     }
 
     /// The device published under `name`.
@@ -565,12 +633,14 @@ impl Discovery {
         self.iter().find(|device| device.name() == name)
     }
 
-    /// The devices as published, sorted by name (the scheduler tries devices in order, and
-    /// a stable order keeps slices from being rewritten).
+    /// The devices of the node's own pool, sorted by name (the scheduler tries devices in
+    /// order, and a stable order keeps slices from being rewritten). Partitionable GPUs
+    /// (dynamic MIG) are in pools of their own: [`partition_pools`](Self::partition_pools).
     pub fn devices(&self) -> Vec<Device> {
         let mut devices: Vec<Device> = self
             .gpus
             .iter()
+            .filter(|gpu| gpu.partitionable.is_none())
             .map(|gpu| {
                 let device = Device::new(&gpu.name).with_attributes(&gpu.attributes);
                 let device = self
@@ -609,13 +679,63 @@ impl Discovery {
             .collect()
     }
 
-    /// What the plugin publishes: one pool, named after the node.
+    /// The pool of each partitionable GPU (dynamic MIG), `(name, pool)`: its counter set,
+    /// the full GPU (when MIG mode is off) consuming all of it, and its partitions, sorted by
+    /// name.
+    pub fn partition_pools(&self, node_name: &str) -> Vec<(String, Pool)> {
+        self.partitionable
+            .iter()
+            .map(|parent| {
+                let full = self
+                    .gpus
+                    .iter()
+                    .filter(|gpu| gpu.info.uuid == parent.info.uuid)
+                    .map(|gpu| {
+                        Device::new(&gpu.name)
+                            .with_attributes(&gpu.attributes)
+                            .consumes(&parent.counter_set, parent.counters.clone())
+                    });
+                let mut devices: Vec<Device> = full
+                    .chain(
+                        self.partitions
+                            .iter()
+                            .filter(|partition| partition.parent.uuid == parent.info.uuid)
+                            .map(MigPartition::device),
+                    )
+                    .collect();
+                devices.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));
+                (
+                    partition_pool_name(node_name, parent.info.minor),
+                    Pool::new(devices).counter_set(parent.counter_set()),
+                )
+            })
+            .collect()
+    }
+
+    /// The pool a published device is in: the node's, or its GPU's under dynamic MIG.
+    pub fn pool_of(&self, node_name: &str, device: &str) -> String {
+        let minor = match self.device(device) {
+            Some(NodeDevice::Partition(partition)) => Some(partition.parent.minor),
+            Some(NodeDevice::Gpu(gpu)) if gpu.partitionable.is_some() => Some(gpu.info.minor),
+            _ => None,
+        };
+        match minor {
+            Some(minor) => partition_pool_name(node_name, minor),
+            None => node_name.to_owned(),
+        }
+    }
+
+    /// What the plugin publishes: the pool named after the node, and with dynamic MIG one
+    /// pool per partitionable GPU.
     pub fn resources(&self, node_name: &str) -> DriverResources {
         let pool = self
             .counter_sets()
             .into_iter()
             .fold(Pool::new(self.devices()), Pool::counter_set);
-        DriverResources::new().with_pool(node_name, pool)
+        self.partition_pools(node_name).into_iter().fold(
+            DriverResources::new().with_pool(node_name, pool),
+            |resources, (name, pool)| resources.with_pool(name, pool),
+        )
     }
 }
 

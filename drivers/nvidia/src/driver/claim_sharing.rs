@@ -33,7 +33,9 @@ fn shared_device(plan: &Planned) -> Option<SharedDevice> {
             gpu_uuid: None,
             compute_capability: parent.cuda_compute_capability,
         }),
-        Target::Vfio { .. } => None,
+        // A dynamic MIG partition's instance does not exist yet when sharing is planned, and
+        // needs none: MPS is excluded with DynamicMIG and time-slicing does nothing on MIG.
+        Target::Vfio { .. } | Target::Partition(_) => None,
     }
 }
 

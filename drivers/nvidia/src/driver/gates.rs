@@ -182,8 +182,10 @@ impl FeatureGates {
 
     /// Checks upstream's rules: `ComputeDomainCliques` needs `IMEXDaemonsWithDNSNames`,
     /// `DeviceMetadata` needs `PassthroughSupport`, and `DynamicMIG` excludes
-    /// `PassthroughSupport`, `NVMLDeviceHealthCheck` and `MPSSupport`, as
-    /// `PassthroughSupport` excludes `NVMLDeviceHealthCheck`.
+    /// `PassthroughSupport` and `MPSSupport`, as `PassthroughSupport` excludes
+    /// `NVMLDeviceHealthCheck`. Unlike upstream, `DynamicMIG` and `NVMLDeviceHealthCheck` go
+    /// together: health events of a partitionable GPU taint its full GPU and partitions
+    /// (`docs/dynamic-mig.md`).
     pub fn validate(&self) -> Result<(), FeatureGateError> {
         use FeatureGate::*;
         for (gate, requires) in [
@@ -196,7 +198,6 @@ impl FeatureGates {
         }
         for (a, b) in [
             (PassthroughSupport, DynamicMig),
-            (NvmlDeviceHealthCheck, DynamicMig),
             (MpsSupport, DynamicMig),
             (PassthroughSupport, NvmlDeviceHealthCheck),
         ] {

@@ -9,13 +9,21 @@
 //! dropped it). Every other VFIO-bound GPU is reported and left alone: an administrator, a
 //! VM manager or another driver may have bound it on purpose.
 //!
+//! With `DynamicMIG` the MIG instances are the exception, as upstream: every GPU instance no
+//! completed claim records is destroyed, since only this driver creates them under the gate
+//! (a prepare the plugin did not survive leaves one); never on a GPU that waits for a reset,
+//! whose orphans are reported instead (`driver/dynamic_mig.rs`).
+//!
 //! [`NvidiaDriverBuilder::prepared_claims`]: super::NvidiaDriverBuilder::prepared_claims
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use dra_sdk::driver::ClaimRef;
 
-use super::{ClaimState, Inner, NvidiaDriver, PreparedKind, Reservations, VfioBinding};
+use super::{
+    ClaimState, Inner, MigCleanup, NvidiaDriver, PreparedKind, Reservations, VfioBinding,
+    dynamic_mig,
+};
 use crate::devices::{Discovery, DiscoveryOptions};
 use crate::driver::FeatureGate;
 use crate::host::facts;
@@ -57,6 +65,9 @@ pub struct ReconcileReport {
     /// The new driver state of each claim whose daemon was started again (new pid and start
     /// time), to be written to the checkpoint.
     pub restarted_states: Vec<(ClaimRef, ClaimState)>,
+    /// With `DynamicMIG`: MIG instances no completed claim records, destroyed or (on GPUs
+    /// that need a reset) left alone; see `driver/dynamic_mig.rs`.
+    pub mig: MigCleanup,
 }
 
 /// Whether `driver` is a VFIO driver (`vfio-pci`, `nvgrace-gpu-vfio-pci`, ...).
@@ -97,6 +108,12 @@ fn reconcile(inner: &Inner, completed: Vec<(ClaimRef, ClaimState)>) -> Reconcile
         }
     }
     let previous = std::mem::replace(&mut *inner.reservations(), fresh);
+
+    if inner.gates.is_enabled(FeatureGate::DynamicMig) {
+        let states: Vec<ClaimState> = completed.iter().map(|(_, state)| state.clone()).collect();
+        report.mig = dynamic_mig::reconcile(inner, &states);
+        report.failures.append(&mut report.mig.failures);
+    }
 
     // Bindings provably ours: recorded by a claim that is no longer completed, and changed
     // by prepare (a GPU that was on VFIO before stays there).

@@ -28,6 +28,9 @@ pub struct DeviceMap {
     gpus: BTreeMap<String, (Option<String>, Vec<String>)>,
     /// MIG UUID → the MIG device's name.
     migs: BTreeMap<String, String>,
+    /// Devices of partitionable GPUs (dynamic MIG) → the GPU's minor: they are published in
+    /// the GPU's own pool (`<node>/gpu-<minor>`).
+    partitioned: BTreeMap<String, u32>,
 }
 
 impl DeviceMap {
@@ -41,7 +44,42 @@ impl DeviceMap {
         for mig in &discovery.migs {
             map = map.with_mig(&mig.parent.uuid, mig.mig.uuid.clone(), mig.name.clone());
         }
+        for gpu in discovery
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.partitionable.is_some())
+        {
+            map.partitioned.insert(gpu.name.clone(), gpu.info.minor);
+        }
+        for partition in &discovery.partitions {
+            map = map.with_partition(
+                &partition.parent.uuid,
+                partition.parent.minor,
+                &partition.name,
+            );
+        }
         map
+    }
+
+    /// Adds a MIG partition (dynamic MIG) of the GPU `parent_uuid`: an event on the GPU, or
+    /// on any MIG device of it, concerns every partition, since which partition an instance
+    /// serves is not known until it is prepared (and any of them may be prepared next).
+    pub fn with_partition(mut self, parent_uuid: &str, parent_minor: u32, name: &str) -> Self {
+        self.gpus
+            .entry(parent_uuid.to_owned())
+            .or_default()
+            .1
+            .push(name.to_owned());
+        self.partitioned.insert(name.to_owned(), parent_minor);
+        self
+    }
+
+    /// The pool of a device, in a node whose own pool is `node_pool`.
+    fn pool(&self, node_pool: &str, device: &str) -> String {
+        match self.partitioned.get(device) {
+            Some(minor) => crate::devices::partition_pool_name(node_pool, *minor),
+            None => node_pool.to_owned(),
+        }
     }
 
     /// Adds a full GPU.
@@ -140,6 +178,7 @@ impl HealthTracker {
     /// The state of one device.
     pub fn state(&self, device: &str) -> DeviceState {
         let faults = self.faults.get(device);
+        let pool = &self.map.pool(&self.pool, device);
         let mut state = match (faults, &self.unmonitored) {
             (Some(faults), _) if faults.is_unhealthy() => {
                 let message = faults
@@ -149,10 +188,10 @@ impl HealthTracker {
                     .map(|(_, _, message)| message.as_str())
                     .collect::<Vec<_>>()
                     .join("; ");
-                DeviceState::unhealthy(&self.pool, device, message)
+                DeviceState::unhealthy(pool, device, message)
             }
-            (_, Some(_)) => DeviceState::unknown(&self.pool, device),
-            _ => DeviceState::healthy(&self.pool, device),
+            (_, Some(_)) => DeviceState::unknown(pool, device),
+            _ => DeviceState::healthy(pool, device),
         };
         if let Some(faults) = faults {
             for (key, (value, effect, _)) in &faults.taints {
@@ -458,6 +497,42 @@ mod tests {
             );
         }
         assert_eq!(tracker.state("gpu-1").health.status, HealthStatus::Healthy);
+    }
+
+    #[test]
+    fn dynamic_mig_partitions_are_tainted_with_their_gpu_in_its_pool() {
+        let map = DeviceMap::default()
+            .with_gpu("GPU-3", "gpu-3")
+            .with_partition("GPU-3", 3, "gpu-3-mig-1g10gb-19-0")
+            .with_partition("GPU-3", 3, "gpu-3-mig-7g80gb-0-0")
+            .with_gpu("GPU-4", "gpu-4");
+        let mut map = map;
+        map.partitioned.insert("gpu-3".to_owned(), 3);
+        let mut tracker = HealthTracker::new("node", HealthPolicy::default(), map);
+        let changed = tracker.on_event(&xid("GPU-3", 79), Instant::now());
+        let mut tainted: Vec<(String, String)> = changed
+            .iter()
+            .map(|state| (state.health.pool.clone(), state.health.device.clone()))
+            .collect();
+        tainted.sort();
+        assert_eq!(
+            tainted,
+            [
+                ("node/gpu-3".to_owned(), "gpu-3".to_owned()),
+                ("node/gpu-3".to_owned(), "gpu-3-mig-1g10gb-19-0".to_owned()),
+                ("node/gpu-3".to_owned(), "gpu-3-mig-7g80gb-0-0".to_owned()),
+            ]
+        );
+        assert!(
+            changed
+                .iter()
+                .all(|s| s.health.status == HealthStatus::Unhealthy)
+        );
+        let other = tracker.state("gpu-4");
+        assert_eq!(
+            (other.health.pool.as_str(), other.health.status),
+            ("node", HealthStatus::Healthy)
+        );
     }
 
     #[test]

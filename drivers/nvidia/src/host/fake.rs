@@ -69,6 +69,7 @@ pub struct FakeHostTree {
     iommufd: bool,
     vfio_pci_loaded: bool,
     device_nodes: bool,
+    dynamic_mig: bool,
 }
 
 impl FakeHostTree {
@@ -81,6 +82,7 @@ impl FakeHostTree {
             iommufd: false,
             vfio_pci_loaded: false,
             device_nodes: true,
+            dynamic_mig: false,
         }
     }
 
@@ -106,6 +108,14 @@ impl FakeHostTree {
     /// on hosts without `nvidia-persistenced`: upstream issue #1380).
     pub fn device_nodes(mut self, present: bool) -> Self {
         self.device_nodes = present;
+        self
+    }
+
+    /// Whether MIG instances can be created (dynamic MIG): the capability files and nodes of
+    /// GPU instances 1 to 14 with compute instance 0 exist on every MIG-capable GPU, as the
+    /// NVIDIA driver makes them when an instance is created.
+    pub fn dynamic_mig(mut self, enabled: bool) -> Self {
+        self.dynamic_mig = enabled;
         self
     }
 
@@ -242,20 +252,33 @@ impl FakeHostTree {
                     node(NVIDIA_GPU_MAJOR, info.minor),
                 ));
             }
-            for mig in &gpu.mig_devices {
+            let creatable: Vec<(u32, u32)> = if self.dynamic_mig && !gpu.mig_profiles.is_empty() {
+                (1..=14)
+                    .map(|gi| (gi, 0))
+                    .filter(|(gi, ci)| {
+                        !gpu.mig_devices
+                            .iter()
+                            .any(|mig| mig.gpu_instance_id == *gi && mig.compute_instance_id == *ci)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let existing = gpu
+                .mig_devices
+                .iter()
+                .map(|mig| (mig.gpu_instance_id, mig.compute_instance_id));
+            for (gpu_instance_id, compute_instance_id) in existing.chain(creatable) {
                 let gi_dir = format!(
                     "/proc/driver/nvidia/capabilities/gpu{}/mig/gi{}",
-                    info.minor, mig.gpu_instance_id
+                    info.minor, gpu_instance_id
                 );
-                let gi_minor = mig_gi_capability_minor(info.minor, mig.gpu_instance_id);
-                let ci_minor = mig_ci_capability_minor(
-                    info.minor,
-                    mig.gpu_instance_id,
-                    mig.compute_instance_id,
-                );
+                let gi_minor = mig_gi_capability_minor(info.minor, gpu_instance_id);
+                let ci_minor =
+                    mig_ci_capability_minor(info.minor, gpu_instance_id, compute_instance_id);
                 writer.file(&format!("{gi_dir}/access"), &access_file(gi_minor))?;
                 writer.file(
-                    &format!("{gi_dir}/ci{}/access", mig.compute_instance_id),
+                    &format!("{gi_dir}/ci{compute_instance_id}/access"),
                     &access_file(ci_minor),
                 )?;
                 if self.device_nodes {

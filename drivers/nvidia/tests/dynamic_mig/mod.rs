@@ -1,0 +1,270 @@
+//! Dynamic MIG through the kubelet simulator: the exact MIG calls of prepare, unprepare and
+//! rollback on the mock backend, the capability nodes of the created instance, and the
+//! checkpoint records. Part of the `prepare` test binary (no binary of its own: link time).
+
+use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
+use dra_driver_nvidia::mig::{MigCall, MigCallKind};
+use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::testing::cluster::BOOT_ID;
+
+use super::*;
+
+const GATES: &str = "DynamicMIG=true";
+
+async fn start_dynamic(profile: &str) -> Running {
+    let r = start(profile, GATES).await;
+    r.f.creatable_mig_capabilities();
+    r
+}
+
+fn record(r: &Running, claim: &ClaimRef) -> dra_sdk::checkpoint::ClaimRecord {
+    let (checkpoint, _) =
+        Checkpoint::open(&r.cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
+    checkpoint.records().unwrap().remove(&claim.uid).unwrap()
+}
+
+fn create_gi(gpu: &str, profile_id: u32, start: u32, size: u32) -> MigCall {
+    MigCall::CreateGpuInstance {
+        gpu: gpu.to_owned(),
+        profile_id,
+        placement: MigPlacement::new(start, size),
+    }
+}
+
+fn create_ci(gpu: &str, gi: u32) -> MigCall {
+    MigCall::CreateComputeInstance {
+        gpu: gpu.to_owned(),
+        gpu_instance_id: gi,
+    }
+}
+
+fn destroy(gpu: &str, gi: u32) -> [MigCall; 2] {
+    [
+        MigCall::DestroyComputeInstance {
+            gpu: gpu.to_owned(),
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+        },
+        MigCall::DestroyGpuInstance {
+            gpu: gpu.to_owned(),
+            gpu_instance_id: gi,
+        },
+    ]
+}
+
+fn mode(gpu: &str, enabled: bool) -> MigCall {
+    MigCall::SetMigMode {
+        gpu: gpu.to_owned(),
+        enabled,
+    }
+}
+
+#[tokio::test]
+async fn a_partition_is_created_at_prepare_and_destroyed_at_unprepare() {
+    let r = start_dynamic("dgx-h100").await;
+    let gpu = r.f.inventory.gpus[0].info.clone();
+    let uuid = gpu.uuid.as_str();
+    let mig = r.f.backend.mig();
+    let claim = r
+        .claim(AllocatedClaim::new("default", "slice").device(
+            "mig",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-0-mig-3g40gb-9-4",
+        ))
+        .await;
+    let result = r.prepare_one(&claim).await;
+    assert_eq!(result.as_ref().unwrap()[0].device, "gpu-0-mig-3g40gb-9-4");
+    // Hopper with MIG off: MIG on, then the GPU instance at 4:4, then its compute instance.
+    assert_eq!(
+        mig.take_calls(),
+        [
+            mode(uuid, true),
+            create_gi(uuid, 9, 4, 4),
+            create_ci(uuid, 1)
+        ]
+    );
+    let devices = r.f.backend.mig_devices(uuid).unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(
+        (devices[0].profile.as_str(), devices[0].placement),
+        ("3g.40gb", MigPlacement::new(4, 4))
+    );
+    let minor = gpu.minor;
+    assert_eq!(
+        device_paths(&r.spec(&claim)["devices"][0]["containerEdits"]),
+        [
+            format!("/dev/nvidia{minor}"),
+            format!("/dev/nvidia-caps/nvidia-cap{}", gi_cap_minor(minor, 1)),
+            format!("/dev/nvidia-caps/nvidia-cap{}", ci_cap_minor(minor, 1, 0)),
+        ]
+    );
+    // The checkpoint: completed, with the instance the hardware made.
+    let recorded = record(&r, &claim);
+    assert!(recorded.is_completed());
+    assert_eq!(
+        recorded.driver_state.unwrap()["devices"][0],
+        json!({
+            "device": "gpu-0-mig-3g40gb-9-4",
+            "adminAccess": false,
+            "type": "migdyn",
+            "uuid": devices[0].uuid,
+            "parentUUID": uuid,
+            "parentMinor": minor,
+            "profileID": 9,
+            "placementStart": 4,
+            "placementSize": 4,
+            "gpuInstanceID": 1,
+            "computeInstanceID": 0,
+        })
+    );
+
+    let unprepared = r.unprepare_one(&claim).await;
+    assert_eq!(unprepared, Ok(()));
+    let [destroy_ci, destroy_gi] = destroy(uuid, 1);
+    // The last instance gone, Hopper leaves MIG mode so the full GPU can run work again.
+    assert_eq!(
+        mig.take_calls(),
+        [destroy_ci, destroy_gi, mode(uuid, false)]
+    );
+    assert!(r.f.backend.mig_devices(uuid).unwrap().is_empty());
+    assert!(!r.f.backend.mig_mode(uuid).unwrap().unwrap().current);
+    // Again: nothing left to destroy, no call.
+    let again = r.unprepare_one(&claim).await;
+    assert_eq!(again, Ok(()));
+    assert!(mig.take_calls().is_empty());
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_half_created_partition_is_rolled_back() {
+    let r = start_dynamic("dgx-h100").await;
+    let uuid = r.f.inventory.gpus[1].info.uuid.clone();
+    let uuid = uuid.as_str();
+    let mig = r.f.backend.mig();
+    mig.fail_next(MigCallKind::CreateComputeInstance, "Insufficient Resources");
+    let claim = r
+        .claim(AllocatedClaim::new("default", "broken").device(
+            "mig",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-1-mig-1g10gb-19-2",
+        ))
+        .await;
+    let result = r.prepare_one(&claim).await;
+    let error = result.as_ref().unwrap_err();
+    assert!(error.contains("gpu-1-mig-1g10gb-19-2"), "{error}");
+    assert!(error.contains("Insufficient Resources"), "{error}");
+    let [_, destroy_gi] = destroy(uuid, 1);
+    assert_eq!(
+        mig.take_calls(),
+        [
+            mode(uuid, true),
+            create_gi(uuid, 19, 2, 1),
+            create_ci(uuid, 1),
+            destroy_gi,
+            mode(uuid, false),
+        ]
+    );
+    assert!(mig.calls().is_empty());
+    assert!(r.f.backend.mig_devices(uuid).unwrap().is_empty());
+    // Nothing recorded as prepared.
+    assert!(!record(&r, &claim).is_completed());
+    assert!(r.driver.prepared_devices().is_empty());
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_claim_failing_on_its_second_partition_destroys_the_first() {
+    let r = start_dynamic("dgx-a100").await;
+    let [gpu0, gpu2] = [0, 2].map(|i| r.f.inventory.gpus[i].info.uuid.clone());
+    // The A100s 0-2 came with MIG instances no claim records: the plugin's start-up
+    // clean-up destroyed them.
+    for gpu in [&gpu0, &gpu2] {
+        assert!(r.f.backend.mig_devices(gpu).unwrap().is_empty());
+    }
+    let mig = r.f.backend.mig();
+    assert_eq!(mig.take_calls().len(), 2 * (7 + 4 + 3));
+    // Someone makes a 4g.40gb at 0:4 on GPU 2 by hand.
+    use dra_driver_nvidia::mig::MigManager;
+    let by_hand =
+        r.f.backend
+            .create_gpu_instance(&gpu2, 5, MigPlacement::new(0, 4))
+            .unwrap();
+    r.f.backend.create_compute_instance(&gpu2, by_hand).unwrap();
+    mig.take_calls();
+
+    let claim = r
+        .claim(
+            AllocatedClaim::new("default", "two")
+                .device("a", DRIVER_NAME, NODE_NAME, "gpu-0-mig-1g10gb-19-0")
+                .device("b", DRIVER_NAME, NODE_NAME, "gpu-2-mig-3g40gb-9-0"),
+        )
+        .await;
+    let result = r.prepare_one(&claim).await;
+    let error = result.as_ref().unwrap_err();
+    assert!(error.contains("gpu-2-mig-3g40gb-9-0"), "{error}");
+    assert!(
+        error.contains("placement 0:4 of 3g.40gb is taken by GPU instance 1"),
+        "{error}"
+    );
+    let [destroy_ci, destroy_gi] = destroy(&gpu0, 1);
+    // Ampere in MIG mode: the mode is never toggled.
+    assert_eq!(
+        mig.take_calls(),
+        [
+            create_gi(&gpu0, 19, 0, 1),
+            create_ci(&gpu0, 1),
+            create_gi(&gpu2, 9, 0, 4),
+            destroy_ci,
+            destroy_gi,
+        ]
+    );
+    assert!(r.f.backend.mig_devices(&gpu0).unwrap().is_empty());
+    assert_eq!(r.f.backend.mig_devices(&gpu2).unwrap().len(), 1);
+    r.shutdown().await;
+}
+
+/// Where an API server dropped the counters, prepare still keeps a GPU whole or split.
+#[tokio::test]
+async fn a_gpu_prepared_whole_is_not_split_and_the_other_way_round() {
+    let r = start_dynamic("dgx-h100").await;
+    let whole = r
+        .claim(AllocatedClaim::new("default", "whole").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-5",
+        ))
+        .await;
+    let split = r
+        .claim(AllocatedClaim::new("default", "split").device(
+            "mig",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-5-mig-1g10gb-19-0",
+        ))
+        .await;
+    let prepared = r.prepare_one(&whole).await;
+    assert!(prepared.is_ok(), "{prepared:?}");
+    let refused = r.prepare_one(&split).await;
+    let error = refused.as_ref().unwrap_err();
+    assert!(error.contains("its GPU gpu-5 is prepared whole"), "{error}");
+    assert!(r.f.backend.mig().calls().is_empty());
+
+    // Split first: the whole GPU is refused (MIG mode is on now, so it is not even there).
+    r.unprepare_one(&whole).await.unwrap();
+    let prepared = r.prepare_one(&split).await;
+    assert!(prepared.is_ok(), "{prepared:?}");
+    let again = r
+        .claim(AllocatedClaim::new("default", "whole-again").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-5",
+        ))
+        .await;
+    let refused = r.prepare_one(&again).await;
+    assert!(refused.is_err(), "{refused:?}");
+    r.shutdown().await;
+}
