@@ -7,7 +7,9 @@
 //! One cluster of three nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
 //! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs), `node-t4` the
 //! `workstation` profile (one T4) with device health on (gate `NVMLDeviceHealthCheck`) and
-//! events from a file, used by the health test alone.
+//! events from a file, used by the health test alone, and `node-dynmig` the `dgx-h100` profile
+//! with `DynamicMIG` (every GPU whole or split, kept apart by counters), used by the dynamic
+//! MIG test alone.
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,6 +28,7 @@ use tokio::sync::OnceCell;
 const A100_NODE: &str = "node-a100";
 const H100_NODE: &str = "node-h100";
 const T4_NODE: &str = "node-t4";
+const DYNAMIC_MIG_NODE: &str = "node-dynmig";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The CEL of the suite's DeviceClass narrowing, by device type.
@@ -48,7 +51,7 @@ async fn fixture() -> Option<&'static Fixture> {
         FIXTURE
             .get_or_init(|| async {
                 let cluster = RealCluster::builder(binaries)
-                    .nodes([A100_NODE, H100_NODE, T4_NODE])
+                    .nodes([A100_NODE, H100_NODE, T4_NODE, DYNAMIC_MIG_NODE])
                     .start()
                     .await
                     .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
@@ -57,14 +60,17 @@ async fn fixture() -> Option<&'static Fixture> {
                     (A100_NODE, "dgx-a100"),
                     (H100_NODE, "dgx-h100"),
                     (T4_NODE, "workstation"),
+                    (DYNAMIC_MIG_NODE, "dgx-h100"),
                 ] {
                     let node = cluster.node(node).unwrap();
-                    let health = if node.name() == T4_NODE {
-                        health_args(node)
-                    } else {
-                        Vec::new()
+                    let extra = match node.name() {
+                        T4_NODE => health_args(node),
+                        DYNAMIC_MIG_NODE => {
+                            vec!["--feature-gates".into(), "DynamicMIG=true".into()]
+                        }
+                        _ => Vec::new(),
                     };
-                    let plugin = spawn_plugin(&cluster, node, profile, &health);
+                    let plugin = spawn_plugin(&cluster, node, profile, &extra);
                     node.wait_for_registration(DRIVER_NAME, 0, Duration::from_secs(60))
                         .await
                         .unwrap_or_else(|error| {
@@ -319,6 +325,145 @@ async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Dynamic MIG with the real scheduler: the full GPU and a partition of it are never both
+/// allocated (a pod asking for the other stays pending until the first goes), and freed
+/// placements are allocated again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let cluster = &fixture.cluster;
+    let node = cluster.node(DYNAMIC_MIG_NODE).unwrap();
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("dynmig").await.unwrap();
+    let classes = Api::<DeviceClass>::all(client.clone());
+    for class in device_classes() {
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating DeviceClass: {error}"),
+        }
+    }
+    // The profile's first GPU, as the plugin publishes it.
+    let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("dgx-h100")
+        .unwrap()
+        .hardware()
+        .gpus[0]
+        .info
+        .uuid
+        .clone();
+    let domain = "device.attributes['gpu.nvidia.com']";
+    let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
+    for (name, class, expression) in [
+        (
+            "whole",
+            "gpu.nvidia.com",
+            format!("{domain}.uuid == '{gpu0}'"),
+        ),
+        (
+            "half",
+            "mig.nvidia.com",
+            format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '3g.40gb'"),
+        ),
+        (
+            "slice",
+            "mig.nvidia.com",
+            format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '1g.10gb'"),
+        ),
+    ] {
+        let template = workload::claim_template(
+            &namespace,
+            name,
+            class,
+            json!({ "selectors": [{ "cel": { "expression": expression } }] }),
+            None,
+        )
+        .unwrap();
+        templates
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &namespace);
+    let run = |pod: &'static str, template: &'static str| {
+        let (pods, namespace) = (pods.clone(), namespace.clone());
+        async move {
+            let spec = workload::pod_using(
+                &namespace,
+                pod,
+                DYNAMIC_MIG_NODE,
+                &ClaimSource::Template(template.to_owned()),
+                &["main"],
+            );
+            pods.create(&PostParams::default(), &spec).await.unwrap();
+        }
+    };
+    let running = |pod: &'static str| {
+        let (client, namespace, claims) = (client.clone(), namespace.clone(), claims.clone());
+        async move {
+            workload::wait_for_pod_running(&client, &namespace, pod, TIMEOUT)
+                .await
+                .unwrap();
+            let cdi = node
+                .cri_log()
+                .wait_for_container(&format!("{namespace}/{pod}"), "main", TIMEOUT)
+                .await
+                .unwrap();
+            let (uid, device) = allocated_device(&claims, pod).await;
+            let expected = format!("k8s.gpu.nvidia.com/claim={uid}-{device}");
+            assert!(cdi.contains(&expected), "{pod}: the CRI got {cdi:?}");
+            device
+        }
+    };
+    let pending = |pod: &'static str| {
+        let (client, namespace) = (client.clone(), namespace.clone());
+        async move {
+            workload::wait_for_pod_event(&client, &namespace, pod, "FailedScheduling", TIMEOUT)
+                .await
+                .unwrap_or_else(|error| panic!("{pod} should stay pending: {error}"));
+            let phase = Api::<Pod>::namespaced(client, &namespace)
+                .get(pod)
+                .await
+                .unwrap()
+                .status
+                .and_then(|status| status.phase);
+            assert_eq!(phase.as_deref(), Some("Pending"), "{pod}");
+        }
+    };
+
+    // Whole first: no partition of the GPU while it runs.
+    run("whole", "whole").await;
+    assert_eq!(running("whole").await, "gpu-0");
+    run("left", "half").await;
+    pending("left").await;
+    // The whole GPU goes: the partition is allocated, and the whole GPU cannot come back.
+    workload::delete_pods(&client, &namespace, &["whole"], TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(running("left").await, "gpu-0-mig-3g40gb-9-0");
+    run("right", "half").await;
+    assert_eq!(running("right").await, "gpu-0-mig-3g40gb-9-4");
+    // All eight memory slices are taken: a 1g.10gb waits ...
+    run("small", "slice").await;
+    pending("small").await;
+    // ... until the left half is freed, and gets a placement in it.
+    workload::delete_pods(&client, &namespace, &["left"], TIMEOUT)
+        .await
+        .unwrap();
+    let small = running("small").await;
+    assert!(
+        [0, 1, 2, 3]
+            .iter()
+            .any(|start| small == format!("gpu-0-mig-1g10gb-19-{start}")),
+        "small got {small}"
+    );
+    workload::delete_pods(&client, &namespace, &["right", "small"], TIMEOUT)
+        .await
+        .unwrap();
 }
 
 /// The UID of the claim made for `pod` from its template, and the one device allocated to it.
