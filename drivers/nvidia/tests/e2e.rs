@@ -339,14 +339,7 @@ async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler
     let node = cluster.node(DYNAMIC_MIG_NODE).unwrap();
     let client = cluster.client().await.unwrap();
     let namespace = cluster.create_namespace("dynmig").await.unwrap();
-    let classes = Api::<DeviceClass>::all(client.clone());
-    for class in device_classes() {
-        match classes.create(&PostParams::default(), &class).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => panic!("creating DeviceClass: {error}"),
-        }
-    }
+    create_device_classes(&client).await;
     // The profile's first GPU, as the plugin publishes it.
     let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("dgx-h100")
         .unwrap()
@@ -464,6 +457,18 @@ async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler
     workload::delete_pods(&client, &namespace, &["right", "small"], TIMEOUT)
         .await
         .unwrap();
+}
+
+/// The crate's DeviceClasses; one another test of this binary created first is fine.
+async fn create_device_classes(client: &kube::Client) {
+    let classes = Api::<DeviceClass>::all(client.clone());
+    for class in device_classes() {
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) => panic!("creating DeviceClass: {error}"),
+        }
+    }
 }
 
 /// The UID of the claim made for `pod` from its template, and the one device allocated to it.
