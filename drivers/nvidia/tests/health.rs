@@ -26,12 +26,16 @@ struct Fixture {
 }
 
 fn plugin(args: &[&str]) -> NvidiaPlugin {
+    plugin_with_gates("NVMLDeviceHealthCheck=true", args)
+}
+
+fn plugin_with_gates(gates: &str, args: &[&str]) -> NvidiaPlugin {
     let mut argv = vec![
         "gpu-kubelet-plugin",
         "--node-name",
         NODE_NAME,
         "--feature-gates",
-        "NVMLDeviceHealthCheck=true",
+        gates,
     ];
     argv.extend_from_slice(args);
     let cli = Cli::try_parse_from(argv).unwrap();
@@ -177,6 +181,51 @@ async fn critical_xid_taints_gpu_and_its_mig_devices_until_the_quiet_period_ends
     );
 
     // No event for the recovery period: untainted, Healthy again.
+    fixture.wait_taints(&failed, &Vec::new()).await;
+    fixture.wait_health(&failed, HealthStatus::Healthy).await;
+    fixture.running.shutdown().await.unwrap();
+}
+
+/// With DynamicMIG (which upstream excludes from health checking): an XID on a
+/// partitionable GPU taints its full GPU and all 25 partitions, published in the GPU's own
+/// pool, and reports them Unhealthy; the other GPUs stay clean; the quiet period heals them.
+#[tokio::test]
+async fn with_dynamic_mig_an_xid_taints_the_gpu_and_all_its_partitions() {
+    let mut fixture = start(plugin_with_gates(
+        "NVMLDeviceHealthCheck=true,DynamicMIG=true",
+        &[
+            "--mock-profile",
+            "dgx-h100",
+            // 26 devices per GPU in 8 pools make each publish heavier than on the other
+            // profiles: a longer quiet period, so that a slow publish under load is still
+            // seen tainted before recovery.
+            "--health-recovery-period",
+            "6",
+        ],
+    ))
+    .await;
+    let (uuid, gpu) = fixture.gpu(2);
+    let mut failed = vec![gpu];
+    failed.extend(
+        fixture
+            .nvidia
+            .discovery
+            .partitions
+            .iter()
+            .filter(|partition| partition.parent.uuid == uuid)
+            .map(|partition| partition.name.clone()),
+    );
+    assert_eq!(failed.len(), 26, "{failed:?}");
+    let (_, other) = fixture.gpu(3);
+    fixture.wait_health(&failed, HealthStatus::Healthy).await;
+
+    fixture.inject(HealthEvent::new(&uuid, HealthEventKind::Xid(79)));
+    let xid = taint(TAINT_XID, Some("79"), "NoSchedule");
+    fixture.wait_taints(&failed, &xid).await;
+    assert!(fixture.taints(&other).await.is_empty());
+    assert!(fixture.taints("gpu-3-mig-1g10gb-19-0").await.is_empty());
+    fixture.wait_health(&failed, HealthStatus::Unhealthy).await;
+
     fixture.wait_taints(&failed, &Vec::new()).await;
     fixture.wait_health(&failed, HealthStatus::Healthy).await;
     fixture.running.shutdown().await.unwrap();
