@@ -459,18 +459,6 @@ async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler
         .unwrap();
 }
 
-/// The crate's DeviceClasses; one another test of this binary created first is fine.
-async fn create_device_classes(client: &kube::Client) {
-    let classes = Api::<DeviceClass>::all(client.clone());
-    for class in device_classes() {
-        match classes.create(&PostParams::default(), &class).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(error) => panic!("creating DeviceClass: {error}"),
-        }
-    }
-}
-
 /// The UID of the claim made for `pod` from its template, and the one device allocated to it.
 async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, String) {
     let list = claims.list(&ListParams::default()).await.unwrap();
