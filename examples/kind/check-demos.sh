@@ -65,10 +65,39 @@ fallback_chosen() {
 }
 expect prioritized-list "one GPU, from the fallback alternative gpu/any" fallback_chosen
 
+# The GPUs per node that install-driver.sh set (kubeletPlugin.numDevices of driver-values.yaml).
+num_devices=$(sed -n 's/^ *numDevices: *\([0-9][0-9]*\).*/\1/p' "$DRIVER_VALUES")
 every_gpu_with_admin_access() {
-  [[ $(count "$(uuids admin-access pod ctr)") -eq 8 ]] && printed admin-access pod ctr '^DRA_ADMIN_ACCESS=true$'
+  [[ $(count "$(uuids admin-access pod ctr)") -eq $num_devices ]] &&
+    printed admin-access pod ctr '^DRA_ADMIN_ACCESS=true$'
 }
-expect admin-access "all 8 GPUs of the node, with admin access" every_gpu_with_admin_access
+expect admin-access "all $num_devices GPUs of the node, with admin access" every_gpu_with_admin_access
+
+# partitions <namespace> <pod> <container>: `<gpu> <uuid>` per partition the container got.
+partitions() {
+  kubectl_ logs -n "$1" "$2" -c "$3" |
+    sed -n 's/^GPU_DEVICE_\([0-9][0-9]*\)_PARTITION_[0-9][0-9]*=\(.*\)$/\1 \2/p'
+}
+partitions_of_one_gpu_and_another_whole_gpu() {
+  local parts whole
+  parts=$(partitions partitionable-devices pod part-ctr)
+  whole=$(uuids partitionable-devices pod whole-ctr)
+  [[ $(wc -l <<<"$parts") -eq 2 && $(sort -u <<<"$parts" | wc -l) -eq 1 ]] &&
+    [[ $(count "$whole") -eq 1 && $parts != *"${whole% }"* ]] &&
+    [[ $(kubectl_ logs -n partitionable-devices pod -c part-ctr | grep -cE '^GPU_DEVICE_[0-9]+_PARTITION_[0-9]+_MEMORY=20480Mi$') -eq 2 ]]
+}
+expect partitionable-devices "two partitions of one GPU, and a whole GPU that is another" \
+  partitions_of_one_gpu_and_another_whole_gpu
+
+quarter_shares_of_gpu_11() {
+  local ctr
+  same_single_gpu consumable-capacity pod ctr0 pod ctr1 || return 1
+  for ctr in ctr0 ctr1; do
+    printed consumable-capacity pod "$ctr" '^GPU_DEVICE_11_MEMORY=20Gi$' &&
+      printed consumable-capacity pod "$ctr" '^GPU_DEVICE_11_COMPUTE=25$' || return 1
+  done
+}
+expect consumable-capacity "both claims share GPU 11, a quarter each" quarter_shares_of_gpu_11
 
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "demos that differ from their README: ${failed[*]}" >&2

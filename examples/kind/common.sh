@@ -6,6 +6,9 @@
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 KIND_DIR=$REPO_ROOT/examples/kind
 CHART_DIR=$REPO_ROOT/examples/mock-gpu/deploy/helm/mock-gpu-driver
+# The chart values the demos need (GPU count, partitionable and consumable-capacity modes);
+# examples/mock-gpu/tests/kind_demos.rs runs the demos with the same file.
+DRIVER_VALUES=$KIND_DIR/driver-values.yaml
 
 : "${CLUSTER_NAME:=dra-mock-gpu}"
 : "${KIND_NODE_IMAGE:=kindest/node:v1.36.1}"
@@ -51,4 +54,4 @@ kubectl_() {
 
 # The demos, in the order they run: one directory each under demos/.
 DEMOS=(two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector opaque-configs
-  prioritized-list admin-access)
+  prioritized-list admin-access partitionable-devices consumable-capacity)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs (or upgrades) the mock GPU driver's Helm chart with the image build-image.sh
-# loaded, and waits until the plugin runs on every node and each node publishes its GPUs.
+# loaded and the demos' settings (driver-values.yaml), and waits until the plugin runs on
+# every node and each node publishes its GPUs.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -10,6 +11,7 @@ say "helm upgrade --install $RELEASE_NAME into namespace $DRIVER_NAMESPACE"
 "$HELM" upgrade --install "$RELEASE_NAME" "$CHART_DIR" \
   --kube-context "$KUBE_CONTEXT" \
   --namespace "$DRIVER_NAMESPACE" --create-namespace \
+  --values "$DRIVER_VALUES" \
   --set image.repository="$IMAGE_REPOSITORY" \
   --set image.tag="$IMAGE_TAG" \
   --set image.pullPolicy=Never \

@@ -4,6 +4,17 @@
 //! [`GpuConfig`](config::GpuConfig) opaque config, and "prepares" a GPU by handing the container
 //! environment variables that describe it, so a pod can prove what it got by printing its env.
 //!
+//! Two optional modes show the newer DRA features ([`PublishOptions`]):
+//! - **partitionable devices** (`--gpu-partitions N`, `DRAPartitionableDevices`): each GPU gets
+//!   a shared counter set `gpu-<i>-counters` holding its memory and compute, and `N` partition
+//!   devices `gpu-<i>-partition-<j>` that each consume `1/N` of it, next to the whole GPU
+//!   `gpu-<i>` that consumes all of it: the scheduler never hands out a GPU and one of its
+//!   partitions at the same time;
+//! - **consumable capacity** (`--gpu-allow-multiple-allocations`, `DRAConsumableCapacity`): the
+//!   whole GPUs set `allowMultipleAllocations`, with a request policy on `memory` and `compute`
+//!   whose default is all of it, so claims that ask for no capacity still get a GPU to
+//!   themselves while claims that ask for a share (`capacity.requests`) can share one GPU.
+//!
 //! At run time it uses the SDK's [`DriverContext`]: GPUs can be hot-plugged
 //! ([`MockGpuDriver::add_gpu`]) or changed ([`MockGpuDriver::update_gpu`]), and a GPU marked
 //! unhealthy ([`MockGpuDriver::set_gpu_health`]) is reported on the kubelet's health stream and
@@ -14,6 +25,7 @@
 //! command line): the status of each prepared GPU in the claim's `status.devices` (KEP-4817)
 //! and a metadata file describing the GPUs mounted into the containers (KEP-5304).
 
+pub mod classes;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
@@ -32,13 +44,76 @@ use dra_sdk::driver::{
     AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
 };
 use dra_sdk::health::DeviceState;
-use dra_sdk::slices::{Device, DeviceTaint, DriverResources, Quantity, TaintEffect};
+use dra_sdk::slices::{
+    CapacityRequestPolicy, CounterSet, Device, DeviceTaint, DriverResources, Pool, Quantity,
+    TaintEffect,
+};
 use sha2::{Digest, Sha256};
 
 use crate::config::{GpuConfig, SharingStrategy};
 
 /// Default driver name.
 pub const DEFAULT_DRIVER_NAME: &str = "gpu.example.com";
+
+/// Memory of one mock GPU, in MiB (`80Gi`): partitions get an equal share of it.
+const GPU_MEMORY_MIB: u64 = 80 * 1024;
+/// Compute units of one mock GPU: partitions get an equal share of them.
+const GPU_COMPUTE: u64 = 100;
+/// The most partitions a GPU can be cut into: each must get at least one compute unit.
+pub const MAX_PARTITIONS: u32 = 100;
+
+/// How the GPUs are published, beyond their number: the optional partitionable and
+/// consumable-capacity modes (both off by default, as upstream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PublishOptions {
+    /// Partitions per GPU; `0` publishes whole GPUs only, without shared counters.
+    pub partitions: u32,
+    /// Whole GPUs set `allowMultipleAllocations` and a request policy on their capacities.
+    pub allow_multiple_allocations: bool,
+}
+
+/// Options the driver cannot publish.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// `partitions` is above [`MAX_PARTITIONS`].
+    #[error(
+        "gpu partitions: {0} is more than {MAX_PARTITIONS} (each partition needs at least one of the {GPU_COMPUTE} compute units)"
+    )]
+    TooManyPartitions(u32),
+}
+
+impl PublishOptions {
+    /// Checks the options before the driver publishes with them.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        if self.partitions > MAX_PARTITIONS {
+            return Err(OptionsError::TooManyPartitions(self.partitions));
+        }
+        Ok(())
+    }
+}
+
+/// Which mock GPU (and which of its partitions) a published device name stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DeviceName {
+    index: i64,
+    partition: Option<u32>,
+}
+
+impl DeviceName {
+    /// Parses `gpu-<i>` and `gpu-<i>-partition-<j>`.
+    fn parse(name: &str) -> Option<Self> {
+        let rest = name.strip_prefix("gpu-")?;
+        let (index, partition) = match rest.split_once("-partition-") {
+            Some((index, partition)) => (index, Some(partition.parse().ok()?)),
+            None => (rest, None),
+        };
+        Some(Self {
+            index: index.parse().ok()?,
+            partition,
+        })
+    }
+}
 
 /// The published description of one mock GPU.
 #[derive(Clone, Debug, DeviceAttributes)]
@@ -91,6 +166,91 @@ impl MockGpu {
     pub fn device(&self) -> Device {
         Device::new(self.name()).with_attributes(self)
     }
+
+    /// The name of the shared counter set of this GPU (partitionable mode).
+    pub fn counter_set_name(&self) -> String {
+        format!("gpu-{}-counters", self.index)
+    }
+
+    /// The name of partition `partition` of this GPU (partitionable mode).
+    pub fn partition_name(&self, partition: u32) -> String {
+        format!("gpu-{}-partition-{partition}", self.index)
+    }
+
+    /// The memory and compute of one of `partitions` equal partitions: what each consumes of
+    /// the GPU's counter set. Memory in MiB so that it divides evenly more often; a remainder
+    /// stays unused, as on real hardware whose partitions do not add up to the whole.
+    fn partition_size(partitions: u32) -> (Quantity, Quantity) {
+        let n = u64::from(partitions.max(1));
+        (
+            Quantity(format!("{}Mi", GPU_MEMORY_MIB / n)),
+            Quantity((GPU_COMPUTE / n).to_string()),
+        )
+    }
+
+    /// The devices and counter set this GPU publishes with `options`.
+    fn publish(&self, options: PublishOptions) -> (Vec<Device>, Option<CounterSet>) {
+        let mut whole = self.device();
+        if options.allow_multiple_allocations {
+            // The default is all of it: a claim that asks for no capacity keeps the GPU to
+            // itself, as without this mode; shares are asked for with `capacity.requests`.
+            whole = whole.allow_multiple_allocations(true);
+            for (name, step) in [("memory", "1Gi"), ("compute", "1")] {
+                if let Some(capacity) = whole.capacity.get_mut(name) {
+                    let total = capacity.value.0.clone();
+                    capacity.request_policy = Some(
+                        CapacityRequestPolicy::with_default(total.clone()).valid_range(
+                            step,
+                            Some(&total),
+                            Some(step),
+                        ),
+                    );
+                }
+            }
+        }
+        if options.partitions == 0 {
+            return (vec![whole], None);
+        }
+        let counters = CounterSet::new(
+            self.counter_set_name(),
+            [
+                ("memory", self.memory.0.clone()),
+                ("compute", self.compute.0.clone()),
+            ],
+        );
+        let mut devices = vec![whole.consumes(
+            self.counter_set_name(),
+            [
+                ("memory", self.memory.0.clone()),
+                ("compute", self.compute.0.clone()),
+            ],
+        )];
+        let (memory, compute) = Self::partition_size(options.partitions);
+        for partition in 0..options.partitions {
+            let described = MockGpu {
+                memory: memory.clone(),
+                compute: compute.clone(),
+                ..self.clone()
+            };
+            devices.push(
+                Device::new(self.partition_name(partition))
+                    .with_attributes(&described)
+                    .attribute("partition", partition)
+                    .consumes(
+                        self.counter_set_name(),
+                        [("memory", memory.0.clone()), ("compute", compute.0.clone())],
+                    ),
+            );
+        }
+        (devices, Some(counters))
+    }
+
+    /// The names of the devices this GPU publishes with `options`.
+    fn device_names(&self, options: PublishOptions) -> Vec<String> {
+        std::iter::once(self.name())
+            .chain((0..options.partitions).map(|p| self.partition_name(p)))
+            .collect()
+    }
 }
 
 /// Why a run-time change to the mock GPUs failed.
@@ -125,6 +285,7 @@ pub enum GpuHealth {
 pub struct MockGpuDriver {
     driver_name: String,
     node_name: String,
+    options: PublishOptions,
     gpus: Arc<Mutex<Vec<MockGpu>>>,
     /// The context of the plugin that started this driver last.
     context: Arc<Mutex<Option<DriverContext>>>,
@@ -148,6 +309,7 @@ impl MockGpuDriver {
         Self {
             driver_name: driver_name.into(),
             node_name,
+            options: PublishOptions::default(),
             gpus: Arc::new(Mutex::new(gpus)),
             context: Arc::new(Mutex::new(None)),
             device_status: false,
@@ -170,6 +332,19 @@ impl MockGpuDriver {
         self
     }
 
+    /// The same driver publishing with `options` (partitions, consumable capacity); call
+    /// before the plugin starts.
+    pub fn with_options(mut self, options: PublishOptions) -> Result<Self, OptionsError> {
+        options.validate()?;
+        self.options = options;
+        Ok(self)
+    }
+
+    /// How this driver publishes its GPUs.
+    pub fn options(&self) -> PublishOptions {
+        self.options
+    }
+
     /// The GPUs this driver has now.
     pub fn gpus(&self) -> Vec<MockGpu> {
         self.lock_gpus().clone()
@@ -188,12 +363,30 @@ impl MockGpuDriver {
             .ok_or(RuntimeError::NotStarted)
     }
 
-    /// What the plugin publishes: one pool named after the node.
+    /// What the plugin publishes: one pool named after the node, with a shared counter set
+    /// per GPU in partitionable mode.
     pub fn resources(&self) -> DriverResources {
-        DriverResources::single_pool(
-            self.node_name.clone(),
-            self.lock_gpus().iter().map(MockGpu::device).collect(),
-        )
+        let mut pool = Pool::new([]);
+        for gpu in self.lock_gpus().iter() {
+            let (devices, counters) = gpu.publish(self.options);
+            for device in devices {
+                pool = pool.device(device);
+            }
+            if let Some(counters) = counters {
+                pool = pool.counter_set(counters);
+            }
+        }
+        DriverResources::new().with_pool(self.node_name.clone(), pool)
+    }
+
+    /// A state for every published device (whole GPUs, and partitions in partitionable mode),
+    /// made by `health` from the device name.
+    fn device_states(&self, health: impl Fn(String) -> DeviceState) -> Vec<DeviceState> {
+        self.lock_gpus()
+            .iter()
+            .flat_map(|gpu| gpu.device_names(self.options))
+            .map(health)
+            .collect()
     }
 
     /// Hot-plugs one more GPU (the next index) and publishes it; it is healthy.
@@ -207,7 +400,10 @@ impl MockGpuDriver {
             gpu
         };
         context.publish(self.resources())?;
-        context.set_device_state(DeviceState::healthy(&self.node_name, gpu.name()));
+        // One device at a time: `set_device_states` would replace the other GPUs' states.
+        for name in gpu.device_names(self.options) {
+            context.set_device_state(DeviceState::healthy(&self.node_name, name));
+        }
         tracing::info!(device = %gpu.name(), "GPU hot-plugged");
         Ok(gpu)
     }
@@ -233,23 +429,27 @@ impl MockGpuDriver {
         Ok(gpu)
     }
 
-    /// Sets the health of GPU `index`. An unhealthy GPU is reported to the kubelet (and so in
-    /// the status of pods using it) and tainted `<driver>/unhealthy=true:NoSchedule` in the
-    /// ResourceSlice, so no new claim gets it; a healthy one loses the taint.
+    /// Sets the health of GPU `index` (and of its partitions). An unhealthy GPU is reported
+    /// to the kubelet (and so in the status of pods using it) and tainted
+    /// `<driver>/unhealthy=true:NoSchedule` in the ResourceSlice, so no new claim gets it; a
+    /// healthy one loses the taint.
     pub fn set_gpu_health(&self, index: u32, health: GpuHealth) -> Result<(), RuntimeError> {
         let context = self.context()?;
-        let name = self
+        let names = self
             .lock_gpus()
             .iter()
             .find(|gpu| gpu.index == i64::from(index))
-            .map(MockGpu::name)
+            .map(|gpu| gpu.device_names(self.options))
             .ok_or(RuntimeError::NoSuchGpu(index))?;
-        let state = match health {
-            GpuHealth::Healthy => DeviceState::healthy(&self.node_name, name),
-            GpuHealth::Unhealthy(reason) => DeviceState::unhealthy(&self.node_name, name, reason)
-                .with_taint(self.unhealthy_taint()),
-        };
-        context.set_device_state(state);
+        for name in names {
+            context.set_device_state(match &health {
+                GpuHealth::Healthy => DeviceState::healthy(&self.node_name, name),
+                GpuHealth::Unhealthy(reason) => {
+                    DeviceState::unhealthy(&self.node_name, name, reason.clone())
+                        .with_taint(self.unhealthy_taint())
+                }
+            });
+        }
         Ok(())
     }
 
@@ -267,17 +467,30 @@ impl MockGpuDriver {
         claim: &ClaimRef,
         device: &AllocatedDevice<GpuConfig>,
     ) -> Result<ContainerEdits, DriverError> {
+        let no_such_device = || DriverError::Device {
+            device: device.id(),
+            reason: "no such GPU on this node".into(),
+        };
+        let name = DeviceName::parse(&device.device)
+            .filter(|name| name.partition.is_none_or(|p| p < self.options.partitions))
+            .ok_or_else(no_such_device)?;
         let gpu = self
             .lock_gpus()
             .iter()
-            .find(|gpu| gpu.name() == device.device)
+            .find(|gpu| gpu.index == name.index)
             .cloned()
-            .ok_or_else(|| DriverError::Device {
-                device: device.id(),
-                reason: "no such GPU on this node".into(),
-            })?;
-        let prefix = format!("GPU_DEVICE_{}", gpu.index);
-        let mut edits = ContainerEdits::new()
+            .ok_or_else(no_such_device)?;
+        let mut prefix = format!("GPU_DEVICE_{}", gpu.index);
+        let mut edits = ContainerEdits::new();
+        if let Some(partition) = name.partition {
+            // A partition: the parent's UUID, and its share of the GPU.
+            prefix = format!("{prefix}_PARTITION_{partition}");
+            let (memory, compute) = MockGpu::partition_size(self.options.partitions);
+            edits = edits
+                .env(format!("{prefix}_MEMORY"), &memory.0)
+                .env(format!("{prefix}_COMPUTE"), &compute.0);
+        }
+        let mut edits = edits
             .env(&prefix, &gpu.uuid)
             .env(format!("{prefix}_RESOURCE_CLAIM"), &claim.uid)
             .env("DRA_ADMIN_ACCESS", device.admin_access.to_string());
@@ -333,9 +546,7 @@ impl Driver for MockGpuDriver {
     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
         // Mock GPUs start healthy; a real driver would ask the hardware here.
         ctx.set_device_states(
-            self.lock_gpus()
-                .iter()
-                .map(|gpu| DeviceState::healthy(&self.node_name, gpu.name())),
+            self.device_states(|name| DeviceState::healthy(&self.node_name, name)),
         );
         *self.context.lock().unwrap_or_else(PoisonError::into_inner) = Some(ctx.clone());
         Ok(())
@@ -409,5 +620,68 @@ mod tests {
             assert!(device.attributes.contains_key(key), "{key}");
         }
         assert_eq!(device.capacity["memory"].value.0, "80Gi");
+    }
+
+    #[test]
+    fn device_names_parse_whole_gpus_and_partitions_only() {
+        let parse = DeviceName::parse;
+        assert_eq!(
+            parse("gpu-3"),
+            Some(DeviceName {
+                index: 3,
+                partition: None
+            })
+        );
+        assert_eq!(
+            parse("gpu-3-partition-1"),
+            Some(DeviceName {
+                index: 3,
+                partition: Some(1)
+            })
+        );
+        for bad in [
+            "gpu-",
+            "gpu-x",
+            "cpu-1",
+            "gpu-1-partition-",
+            "gpu-1-partition-x",
+        ] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn partitions_share_the_gpus_counter_set_and_never_exceed_it() {
+        let options = PublishOptions {
+            partitions: 3,
+            allow_multiple_allocations: false,
+        };
+        let (devices, counters) = MockGpu::new("node", 1).publish(options);
+        let counters = counters.unwrap();
+        assert_eq!(counters.name, "gpu-1-counters");
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "gpu-1",
+                "gpu-1-partition-0",
+                "gpu-1-partition-1",
+                "gpu-1-partition-2"
+            ]
+        );
+        // The whole GPU consumes the whole set; three partitions stay within it.
+        assert_eq!(devices[0].consumes_counters[0].counters, counters.counters);
+        let partition = &devices[1].consumes_counters[0].counters;
+        assert_eq!(partition["memory"].0, "27306Mi");
+        assert_eq!(partition["compute"].0, "33");
+        assert!(!devices[1].allow_multiple_allocations);
+        assert!(
+            PublishOptions {
+                partitions: MAX_PARTITIONS + 1,
+                ..options
+            }
+            .validate()
+            .is_err()
+        );
     }
 }

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
-use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
+use mock_gpu::{DEFAULT_DRIVER_NAME, MAX_PARTITIONS, MockGpuDriver, PublishOptions};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
@@ -39,6 +39,18 @@ struct DriverArgs {
     /// Mount a device metadata file into the containers (KEP-5304, Kubernetes 1.36 alpha).
     #[arg(long, env = "DEVICE_METADATA")]
     device_metadata: bool,
+    /// Partitionable mode (needs the DRAPartitionableDevices feature in the cluster): cut every
+    /// GPU into this many equal partitions `gpu-<i>-partition-<j>` that share the counter set
+    /// `gpu-<i>-counters` with the whole GPU `gpu-<i>`, so a GPU and its partitions are never
+    /// allocated together. 0 publishes whole GPUs only.
+    #[arg(long, env = "GPU_PARTITIONS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_PARTITIONS)))]
+    gpu_partitions: u32,
+    /// Consumable-capacity mode (needs the DRAConsumableCapacity feature in the cluster): whole
+    /// GPUs allow multiple allocations; a claim asking for part of `memory` (1Gi steps) or
+    /// `compute` (steps of 1) shares the GPU with others, a claim asking for none gets all of it.
+    #[arg(long, env = "GPU_ALLOW_MULTIPLE_ALLOCATIONS")]
+    gpu_allow_multiple_allocations: bool,
 }
 
 #[tokio::main]
@@ -82,7 +94,11 @@ async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {
         driver_args.num_devices,
     )
     .with_device_status(driver_args.device_status)
-    .with_device_metadata(driver_args.device_metadata);
+    .with_device_metadata(driver_args.device_metadata)
+    .with_options(PublishOptions {
+        partitions: driver_args.gpu_partitions,
+        allow_multiple_allocations: driver_args.gpu_allow_multiple_allocations,
+    })?;
     let resources = driver.resources();
     let plugin = KubeletPlugin::builder(driver, &driver_args.driver_name, &args.node_name, client)
         .args(&args)?
@@ -94,6 +110,8 @@ async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {
         driver = %driver_args.driver_name,
         node = %args.node_name,
         devices = driver_args.num_devices,
+        partitions = driver_args.gpu_partitions,
+        allow_multiple_allocations = driver_args.gpu_allow_multiple_allocations,
         "mock GPU plugin running"
     );
     plugin.run_until_signal().await?;

@@ -78,6 +78,80 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     assert!(!api.list::<ResourceSlice>().unwrap().is_empty());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitionable_and_consumable_flags_shape_what_is_published() {
+    let cluster = TestCluster::start().await.unwrap();
+    let kubeconfig = cluster.path().join("kubeconfig");
+    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let binary = Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"));
+    let mut child = plugin_command(binary, &cluster, &kubeconfig, 2)
+        .arg("--gpu-partitions=3")
+        .env("GPU_ALLOW_MULTIPLE_ALLOCATIONS", "true")
+        .spawn()
+        .unwrap();
+    let api = cluster.api();
+    let devices = || -> Vec<serde_json::Value> {
+        api.list::<ResourceSlice>()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+            .map(|d| serde_json::to_value(d).unwrap())
+            .collect()
+    };
+    wait_for("2 GPUs with 3 partitions each", || devices().len() == 8).await;
+    let counter_sets: Vec<String> = api
+        .list::<ResourceSlice>()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.clone().unwrap_or_default())
+        .map(|set| set.name)
+        .collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(counter_sets, ["gpu-0-counters", "gpu-1-counters"]);
+    let devices = devices();
+    let whole = devices.iter().find(|d| d["name"] == "gpu-1").unwrap();
+    assert_eq!(whole["allowMultipleAllocations"], true, "{whole}");
+    assert_eq!(
+        whole["capacity"]["memory"]["requestPolicy"]["default"],
+        "80Gi"
+    );
+    let partition = devices
+        .iter()
+        .find(|d| d["name"] == "gpu-1-partition-2")
+        .unwrap();
+    assert_eq!(
+        partition["attributes"]["partition"]["int"], 2,
+        "{partition}"
+    );
+    assert_eq!(
+        partition["consumesCounters"][0]["counters"]["memory"]["value"],
+        "27306Mi"
+    );
+}
+
+#[test]
+fn too_many_partitions_are_refused_naming_the_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .args(["--node-name", "n", "--gpu-partitions", "101"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--gpu-partitions"), "{stderr}");
+    let help = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for variable in [
+        "[env: GPU_PARTITIONS=]",
+        "[env: GPU_ALLOW_MULTIPLE_ALLOCATIONS=]",
+    ] {
+        assert!(help.contains(variable), "{variable}: {help}");
+    }
+}
+
 #[test]
 fn bad_flags_fail_with_a_clear_message() {
     let output = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))

@@ -235,9 +235,56 @@ fn all_options_sets_every_value_and_the_readme_documents_each() {
 }
 
 #[test]
+fn the_device_classes_are_the_drivers_own() {
+    // The chart's DeviceClasses select what `mock_gpu::classes` selects (the classes the
+    // embedded-cluster demos run with), with and without partitions, and the kind
+    // walkthrough's values render valid objects (the first test covers `ci/` only).
+    let Some(helm) = helm_or_skip() else { return };
+    let kind_values = chart_dir().join("../../../../kind/driver-values.yaml");
+    let kind_values = kind_values.to_str().unwrap();
+    let openapi = OpenApi::load();
+    for (args, partitions) in [
+        (vec![], 0),
+        (vec!["--set", "kubeletPlugin.gpuPartitions=3"], 3),
+        (vec!["--values", kind_values], 4),
+    ] {
+        let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
+        for document in &documents {
+            assert!(openapi.check(document).is_empty(), "{args:?}: {document}");
+        }
+        let rendered: Vec<(Value, Value)> = documents
+            .iter()
+            .filter(|d| d["kind"] == "DeviceClass")
+            .map(|d| {
+                (
+                    d["metadata"]["name"].clone(),
+                    d["spec"]["selectors"].clone(),
+                )
+            })
+            .collect();
+        let options = mock_gpu::PublishOptions {
+            partitions,
+            ..Default::default()
+        };
+        let expected: Vec<(Value, Value)> =
+            mock_gpu::classes::device_classes(mock_gpu::DEFAULT_DRIVER_NAME, options)
+                .into_iter()
+                .map(|class| {
+                    let class = serde_json::to_value(class).unwrap();
+                    (
+                        class["metadata"]["name"].clone(),
+                        class["spec"]["selectors"].clone(),
+                    )
+                })
+                .collect();
+        assert_eq!(rendered, expected, "{args:?}");
+    }
+}
+
+#[test]
 fn bad_values_fail_with_a_clear_message() {
     let Some(helm) = helm_or_skip() else { return };
-    let cases: [(&str, &[&str], &str); 5] = [
+    let cases: [(&str, &[&str], &str); 6] = [
         ("default namespace", &[], "default namespace is refused"),
         (
             "feature gate",
@@ -253,6 +300,11 @@ fn bad_values_fail_with_a_clear_message() {
             "wrong type",
             &["--set", "kubeletPlugin.containers.plugin.metricsPort=http"],
             "metricsPort",
+        ),
+        (
+            "too many partitions",
+            &["--set", "kubeletPlugin.gpuPartitions=101"],
+            "gpuPartitions",
         ),
         (
             "no service account",

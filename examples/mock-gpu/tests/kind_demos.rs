@@ -4,7 +4,9 @@
 //! allocated by the SDK's scheduler-like allocator (CEL, `All`, admin access), prepared by the
 //! mock GPU plugin through the simulated kubelet, and the environment each container would get
 //! from the CDI specs is checked against what the demo's README promises, the same checks
-//! `examples/kind/check-demos.sh` makes on a kind cluster.
+//! `examples/kind/check-demos.sh` makes on a kind cluster. The driver runs with the settings
+//! `install-driver.sh` installs the chart with (`examples/kind/driver-values.yaml`) and the
+//! chart's DeviceClasses.
 
 mod support;
 
@@ -15,9 +17,11 @@ use dra_sdk::cdi::Spec;
 use dra_sdk::testing::allocator::allocate_claim;
 use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
 use dra_sdk::testing::kubelet::KubeletDevice;
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, PostParams};
-use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
+use mock_gpu::classes::device_classes;
+use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver, PublishOptions};
 use serde_json::{Value, json};
 use support::chart::{OpenApi, decode, describe};
 
@@ -28,7 +32,49 @@ fn demos_dir() -> PathBuf {
 /// `pod/container` → the environment the container would get.
 type Environments = BTreeMap<String, Vec<String>>;
 
-/// Runs one demo in a fresh embedded cluster with 8 mock GPUs.
+/// `examples/kind/driver-values.yaml`: the GPUs per node and how they are published.
+fn kind_driver_settings() -> (u32, PublishOptions) {
+    let values: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(demos_dir().join("../driver-values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let number = |value: &Value| u32::try_from(value.as_u64().unwrap()).unwrap();
+    let plugin = &values["kubeletPlugin"];
+    (
+        number(&plugin["numDevices"]),
+        PublishOptions {
+            partitions: number(&plugin["gpuPartitions"]),
+            allow_multiple_allocations: values["gpuAllowMultipleAllocations"].as_bool().unwrap(),
+        },
+    )
+}
+
+/// A cluster running the mock GPU plugin as the walkthrough installs it, with the chart's
+/// DeviceClasses (replacing the one the test kit makes, which selects every device).
+async fn start_kind_like_cluster() -> RunningPlugin {
+    let (num_devices, options) = kind_driver_settings();
+    let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, num_devices)
+        .with_options(options)
+        .unwrap();
+    let resources = driver.resources();
+    let running = TestCluster::start_with(driver, DEFAULT_DRIVER_NAME, resources)
+        .await
+        .unwrap();
+    let classes = Api::<DeviceClass>::all(running.cluster().client());
+    classes
+        .delete(DEFAULT_DRIVER_NAME, &Default::default())
+        .await
+        .unwrap();
+    for class in device_classes(DEFAULT_DRIVER_NAME, options) {
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+    }
+    running
+}
+
+/// Runs one demo in a fresh embedded cluster (see [`start_kind_like_cluster`]).
 async fn run_demo(name: &str) -> Environments {
     run_demo_with_results(name).await.0
 }
@@ -41,11 +87,7 @@ type Results = BTreeMap<String, Vec<String>>;
 async fn run_demo_with_results(name: &str) -> (Environments, Results) {
     let text = std::fs::read_to_string(demos_dir().join(name).join("demo.yaml")).unwrap();
     let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, 8);
-    let resources = driver.resources();
-    let running = TestCluster::start_with(driver, DEFAULT_DRIVER_NAME, resources)
-        .await
-        .unwrap();
+    let running = start_kind_like_cluster().await;
     let client = running.cluster().client();
     let templates: BTreeMap<&str, &Value> = documents
         .iter()
@@ -187,6 +229,20 @@ fn uuids(env: &[String]) -> Vec<&str> {
         .collect()
 }
 
+/// The values of the variables named `GPU_DEVICE_<i>_PARTITION_<j>` in an environment, as
+/// `(i, j, uuid)`.
+fn partitions(env: &[String]) -> Vec<(u32, u32, &str)> {
+    env.iter()
+        .filter_map(|line| line.split_once('='))
+        .filter_map(|(name, value)| {
+            let (gpu, partition) = name
+                .strip_prefix("GPU_DEVICE_")?
+                .split_once("_PARTITION_")?;
+            Some((gpu.parse().ok()?, partition.parse().ok()?, value))
+        })
+        .collect()
+}
+
 fn has_line(env: &[String], predicate: impl Fn(&str) -> bool) -> bool {
     env.iter().any(|line| predicate(line))
 }
@@ -258,8 +314,113 @@ async fn the_prioritized_list_falls_back_to_any_gpu() {
 async fn admin_access_sees_every_gpu() {
     let env = run_demo("admin-access").await;
     let ctr = &env["pod/ctr"];
-    assert_eq!(uuids(ctr).len(), 8, "{env:#?}");
+    let (num_devices, _) = kind_driver_settings();
+    assert_eq!(uuids(ctr).len(), num_devices as usize, "{env:#?}");
     assert!(has_line(ctr, |l| l == "DRA_ADMIN_ACCESS=true"), "{ctr:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_of_one_gpu_and_a_whole_other_gpu() {
+    let env = run_demo("partitionable-devices").await;
+    let (parts, whole) = (&env["pod/part-ctr"], &env["pod/whole-ctr"]);
+    let found = partitions(parts);
+    assert_eq!(found.len(), 2, "{parts:#?}");
+    let (gpu, first, uuid) = found[0];
+    let (other_gpu, second, other_uuid) = found[1];
+    assert_eq!((gpu, uuid), (other_gpu, other_uuid), "{parts:#?}");
+    assert_ne!(first, second);
+    assert!(
+        uuids(parts).is_empty(),
+        "a partition is not a whole GPU: {parts:#?}"
+    );
+    for (name, value) in [("MEMORY", "20480Mi"), ("COMPUTE", "25")] {
+        for partition in [first, second] {
+            let line = format!("GPU_DEVICE_{gpu}_PARTITION_{partition}_{name}={value}");
+            assert!(has_line(parts, |l| l == line), "{line}: {parts:#?}");
+        }
+    }
+    // The whole GPU is another one: the partitions hold part of their GPU's counter set.
+    let whole_uuids = uuids(whole);
+    assert_eq!(whole_uuids.len(), 1, "{whole:#?}");
+    assert_ne!(whole_uuids[0], uuid);
+    assert!(partitions(whole).is_empty(), "{whole:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_keep_a_gpu_and_its_partitions_apart() {
+    // What the partitionable demo's README says: with two of GPU 0's partitions taken, a
+    // claim for all of GPU 0 does not fit; and the other way round on GPU 1.
+    let running = start_kind_like_cluster().await;
+    let client = running.cluster().client();
+    let claim = |name: &str, class: &str, index: u32, count: u32| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": { "devices": { "requests": [{ "name": "gpu", "exactly": {
+                "deviceClassName": class, "count": count,
+                "selectors": [{ "cel": { "expression":
+                    format!("device.attributes[\"gpu.example.com\"].index == {index}") } }],
+            } }] } },
+        })
+    };
+    let partition = "partition.gpu.example.com";
+    for (name, class, index, count) in [
+        ("two-partitions-of-0", partition, 0, 2),
+        ("whole-gpu-0", DEFAULT_DRIVER_NAME, 0, 1),
+        ("whole-gpu-1", DEFAULT_DRIVER_NAME, 1, 1),
+        ("a-partition-of-1", partition, 1, 1),
+    ] {
+        create_claim(&client, claim(name, class, index, count)).await;
+    }
+    let allocate = |name: &'static str| allocate_claim(&client, "default", name, NODE_NAME, None);
+    allocate("two-partitions-of-0").await.unwrap();
+    allocate("whole-gpu-1").await.unwrap();
+    for refused in ["whole-gpu-0", "a-partition-of-1"] {
+        let error = allocate(refused).await.unwrap_err().to_string();
+        assert!(
+            error.contains("without enough shared counters"),
+            "{refused}: {error}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_claims_share_one_gpu_by_capacity() {
+    let env = run_demo("consumable-capacity").await;
+    let (a, b) = (&env["pod/ctr0"], &env["pod/ctr1"]);
+    assert_eq!(uuids(a).len(), 1, "{env:#?}");
+    assert_eq!(uuids(a), uuids(b), "{env:#?}");
+    for env in [a, b] {
+        for line in ["GPU_DEVICE_11_MEMORY=20Gi", "GPU_DEVICE_11_COMPUTE=25"] {
+            assert!(has_line(env, |l| l == line), "{line}: {env:#?}");
+        }
+    }
+    let claim_of = |env: &[String]| {
+        env.iter()
+            .find(|l| l.starts_with("GPU_DEVICE_11_RESOURCE_CLAIM="))
+            .cloned()
+            .unwrap()
+    };
+    assert_ne!(claim_of(a), claim_of(b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_capacity_requests_still_gets_a_whole_gpu() {
+    // The request policy's default is all of the GPU: the other demos' claims, which ask for
+    // no capacity, keep getting a GPU each although whole GPUs allow multiple allocations.
+    let env = run_demo("two-pods-one-gpu-each").await;
+    for ctr in ["pod0/ctr", "pod1/ctr"] {
+        let index = env[ctr]
+            .iter()
+            .find_map(|l| {
+                l.strip_prefix("GPU_DEVICE_")?
+                    .split_once('=')
+                    .map(|(n, _)| n.to_owned())
+            })
+            .unwrap();
+        let line = format!("GPU_DEVICE_{index}_MEMORY=80Gi");
+        assert!(has_line(&env[ctr], |l| l == line), "{line}: {env:#?}");
+    }
 }
 
 #[test]
