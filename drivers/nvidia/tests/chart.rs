@@ -5,10 +5,15 @@
 //! built `gpu-kubelet-plugin` and parses as its command line; the DeviceClasses are the driver
 //! crate's; `ci/all-options-values.yaml` sets every documented value; the defaults (as
 //! upstream), ComputeDomains, the webhook and bad values fail with a clear message. Needs
-//! `HELM` (see `.ci/tools`); skips without it unless `HELM_REQUIRED=1`.
+//! `HELM` (see `.ci/tools`); skips without it unless `HELM_REQUIRED=1`. Also the image the
+//! chart deploys (`drivers/nvidia/Dockerfile`), without a container engine: its build command
+//! and the path its final stage copies.
 
 #[path = "../../../test-support/chart.rs"]
 mod shared;
+// The image the chart deploys is checked here too: one test binary less to link.
+#[path = "../../../test-support/dockerfile.rs"]
+mod dockerfile;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -336,13 +341,88 @@ fn mock_mode_and_upstream_values_render_as_documented() {
     assert!(guide.iter().all(|d| d["kind"] != "Deployment"));
 
     // PassthroughSupport mounts the host's root where HOST_ROOT says.
+    let passthrough = rendered(&helm, "passthrough-values.yaml");
+    assert_eq!(
+        env_map(container(&passthrough))["HOST_ROOT"]["value"],
+        "/host-root"
+    );
     let all = rendered(&helm, "all-options-values.yaml");
     let env = env_map(container(&all));
-    assert_eq!(env["HOST_ROOT"]["value"], "/host-root");
     assert_eq!(
         env["NVIDIA_CDI_HOOK_PATH"]["value"],
         "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     );
+}
+
+#[test]
+fn health_values_become_the_health_flags_and_a_reset_mount() {
+    let Some(helm) = helm_or_skip() else { return };
+    let all = rendered(&helm, "all-options-values.yaml");
+    let env = env_map(container(&all));
+    assert_eq!(env["ADDITIONAL_XIDS_TO_IGNORE"]["value"], "94,95");
+    assert_eq!(env["HEALTH_RECOVERY_PERIOD"]["value"], "600");
+    assert_eq!(
+        env["HEALTH_RESET_DIR"]["value"],
+        "/var/lib/gpu-health-reset"
+    );
+    assert!(
+        env["FEATURE_GATES"]["value"]
+            .as_str()
+            .unwrap()
+            .contains("NVMLDeviceHealthCheck=true")
+    );
+    let mount = container(&all)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "health-reset")
+        .unwrap();
+    assert_eq!(mount["mountPath"], "/var/lib/gpu-health-reset");
+    assert!(
+        mount.get("readOnly").is_none(),
+        "the plugin deletes reset files"
+    );
+    let volume = find(&all, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "health-reset")
+        .unwrap();
+    assert_eq!(volume["hostPath"]["path"], "/var/lib/gpu-health-reset");
+    assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate");
+
+    // The values reach the plugin as its flags: the policy they give is the one it runs.
+    let flags = flags_by_env();
+    let mut command_line = vec!["gpu-kubelet-plugin".to_owned(), "--node-name=n".to_owned()];
+    for variable in [
+        "ADDITIONAL_XIDS_TO_IGNORE",
+        "HEALTH_RECOVERY_PERIOD",
+        "HEALTH_RESET_DIR",
+    ] {
+        let value = env[variable]["value"].as_str().unwrap();
+        command_line.push(format!("{}={value}", flags[variable]));
+    }
+    let cli = Cli::try_parse_from(&command_line).unwrap();
+    assert_eq!(cli.nvidia.health_recovery_period, 600);
+    assert_eq!(
+        cli.nvidia.health_reset_dir.as_deref(),
+        Some(Path::new("/var/lib/gpu-health-reset"))
+    );
+    assert_eq!(
+        dra_driver_nvidia::health::parse_xids(&cli.nvidia.additional_xids_to_ignore).unwrap(),
+        vec![94, 95]
+    );
+
+    // By default nothing of it is rendered.
+    let defaults = render(&helm, &["--set", "gpuResourcesEnabledOverride=true"]).unwrap();
+    let env = env_map(container(&defaults));
+    for variable in [
+        "ADDITIONAL_XIDS_TO_IGNORE",
+        "HEALTH_RECOVERY_PERIOD",
+        "HEALTH_RESET_DIR",
+    ] {
+        assert!(!env.contains_key(variable), "{variable}");
+    }
 }
 
 #[test]
@@ -383,7 +463,7 @@ fn all_options_sets_every_value_and_the_readme_documents_each() {
 fn unsupported_and_bad_values_fail_with_a_clear_message() {
     let Some(helm) = helm_or_skip() else { return };
     let ok = ["--set", "gpuResourcesEnabledOverride=true"];
-    let cases: [(&str, &[&str], &str); 7] = [
+    let cases: [(&str, &[&str], &str); 11] = [
         (
             "compute domains",
             &["--set", "resources.computeDomains.enabled=true"],
@@ -416,6 +496,41 @@ fn unsupported_and_bad_values_fail_with_a_clear_message() {
             "serviceAccount.name is required",
         ),
         (
+            "health values without the gate",
+            &["--set", "kubeletPlugin.health.recoveryPeriodSeconds=60"],
+            "kubeletPlugin.health.* is used only with the NVMLDeviceHealthCheck feature gate",
+        ),
+        (
+            "passthrough with health checks",
+            &[
+                "--set",
+                "featureGates.NVMLDeviceHealthCheck=true",
+                "--set",
+                "featureGates.PassthroughSupport=true",
+            ],
+            "cannot both be true",
+        ),
+        (
+            "negative recovery period",
+            &[
+                "--set",
+                "featureGates.NVMLDeviceHealthCheck=true",
+                "--set",
+                "kubeletPlugin.health.recoveryPeriodSeconds=-1",
+            ],
+            "recoveryPeriodSeconds",
+        ),
+        (
+            "relative reset directory",
+            &[
+                "--set",
+                "featureGates.NVMLDeviceHealthCheck=true",
+                "--set",
+                "kubeletPlugin.health.resetDir=reset",
+            ],
+            "resetDir",
+        ),
+        (
             "relative driver root",
             &["--set", "nvidiaDriverRoot=run/nvidia/driver"],
             "nvidiaDriverRoot",
@@ -431,4 +546,29 @@ fn unsupported_and_bad_values_fail_with_a_clear_message() {
     let error = render_chart(&helm, &chart_dir(), RELEASE, "default", &ok)
         .expect_err("rendered into the default namespace");
     assert!(error.contains("default namespace is refused"), "{error}");
+}
+
+const DOCKERFILE: &str = "drivers/nvidia/Dockerfile";
+
+#[test]
+fn the_image_builds_the_plugin_with_nvml_and_copies_it() {
+    let workspace = dockerfile::workspace(env!("CARGO_MANIFEST_DIR"));
+    let args = dockerfile::check_build_stage(
+        &workspace,
+        DOCKERFILE,
+        env!("CARGO_PKG_NAME"),
+        "gpu-kubelet-plugin",
+    );
+    // The real backend, and nothing of the demo (the SDK's test kit).
+    assert_eq!(dockerfile::flag(&args, "--features"), "nvml");
+    assert!(!args.iter().any(|a| a.contains("demo")), "{args:?}");
+    // The binary exists under that name in this package (Cargo built it for this test).
+    assert!(Path::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")).is_file());
+    dockerfile::check_toolchain(&workspace, DOCKERFILE);
+    dockerfile::check_build_context(&workspace);
+    // .ci/run type-checks exactly this command (the workspace's --all-features runs build the
+    // demo in, which the image leaves out).
+    let ci = std::fs::read_to_string(workspace.join(".ci/run")).unwrap();
+    let check = format!("cargo check {}", args.join(" ")).replace(" --profile dist", "");
+    assert!(ci.contains(&check), ".ci/run lacks `{check}`");
 }

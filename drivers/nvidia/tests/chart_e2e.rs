@@ -1,5 +1,6 @@
 //! The Helm chart on a real v1.36.2 API server (the SDK's e2e harness): every object `helm
-//! template` renders with `ci/upstream-guide-values.yaml` and with `ci/mock-values.yaml` is
+//! template` renders with `ci/upstream-guide-values.yaml`, `ci/all-options-values.yaml` and
+//! `ci/mock-values.yaml` is
 //! accepted by a server-side apply with strict field validation; then `gpu-kubelet-plugin
 //! --mock-profile` runs with a token of the chart's ServiceAccount bound to a pod on its node,
 //! as the kubelet would mount it, and uses every verb the chart's role gives it: it replaces a
@@ -78,6 +79,13 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     apply_strictly(
         &admin,
         &render(&helm, &namespace, "upstream-guide-values.yaml"),
+    )
+    .await;
+    // Every documented option (the health flags and their host path included) applies
+    // strictly as well; its objects have names of their own (`fullnameOverride`).
+    apply_strictly(
+        &admin,
+        &render(&helm, &namespace, "all-options-values.yaml"),
     )
     .await;
     let documents = render(&helm, &namespace, "mock-values.yaml");
