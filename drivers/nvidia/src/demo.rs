@@ -11,17 +11,20 @@
 //! and the environment and device nodes it would get (read back from the CDI spec files the
 //! plugin wrote), then unprepares and deletes everything.
 //!
-//! The pods run side by side: the full-GPU steps need three free full GPUs, one with at least
-//! 40Gi (`dgx-a100` and `dgx-h100` have them; on `mixed` and `workstation` the claims without a
-//! free matching GPU fail to allocate, and [`DemoReport::problems`] lists them). A machine
-//! without MIG devices leaves the MIG steps out.
+//! The pods run side by side, each claim holding its devices: the demo plans its steps for the
+//! machine ([`plan`]) and leaves out, saying why ([`DemoReport::skipped`]), the steps whose
+//! devices the machine cannot spare: all full-GPU steps need three full GPUs, one with at least
+//! 40Gi (`dgx-a100` and `dgx-h100` have them; `mixed` and `workstation` have one T4, so only the
+//! shared GPU runs there), the MIG steps need MIG devices (none on `dgx-h100` and
+//! `workstation`). What it runs must then succeed: a claim of a planned step that fails is a
+//! problem ([`DemoReport::problems`]).
 //!
 //! The embedded cluster runs no controllers, so the demo does their part: it binds pods to
 //! the node (`spec.nodeName`), creates the claim of a template pod as the resourceclaim
 //! controller would, and allocates with [`allocate_claim`] as the scheduler would. A real
 //! API server (`--kubeconfig`) is not supported yet: [`DemoError::RealClusterUnsupported`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -104,6 +107,8 @@ pub struct DemoReport {
     /// Whether the machine has MIG devices, so that the MIG steps (template, profile,
     /// wrong-type config) ran.
     pub mig_steps: bool,
+    /// The steps left out because the machine cannot spare their devices, with why.
+    pub skipped: Vec<Skipped>,
     /// The report as printed.
     pub text: String,
 }
@@ -126,12 +131,15 @@ impl DemoReport {
             Some((_, message)) => problems.push(format!(
                 "claim {WRONG_TYPE_CLAIM} failed with an unexpected error: {message}"
             )),
-            None if self.mig_steps => {
+            None if !self.was_skipped(WRONG_TYPE_CLAIM) => {
                 problems.push(format!("claim {WRONG_TYPE_CLAIM} did not fail"));
             }
             None => {}
         }
-        if self.shared_uuids.len() != 2 || self.shared_uuids[0] != self.shared_uuids[1] {
+        let shared_ran = !self.was_skipped(SHARED_GPU_CLAIM);
+        if shared_ran
+            && (self.shared_uuids.len() != 2 || self.shared_uuids[0] != self.shared_uuids[1])
+        {
             problems.push(format!(
                 "the shared-GPU containers saw {:?}, not one UUID twice",
                 self.shared_uuids
@@ -142,18 +150,193 @@ impl DemoReport {
         }
         problems
     }
+
+    fn was_skipped(&self, claim: &str) -> bool {
+        self.skipped.iter().any(|skipped| skipped.claim == claim)
+    }
+}
+
+/// A step of the demo left out because the machine cannot spare its devices.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The claim of the step.
+    pub claim: String,
+    /// What it shows, and why it does not fit.
+    pub why: String,
+}
+
+/// The claim whose GPU two containers share.
+pub const SHARED_GPU_CLAIM: &str = "shared-gpu";
+/// What the memory step asks for at least: `compareTo(quantity("40Gi")) >= 0`.
+const BIG_GPU_MIB: u64 = 40 * 1024;
+
+/// A full GPU as published: what the demo's selectors look at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FullGpu {
+    /// `productName`.
+    pub product: String,
+    /// The `memory` capacity in MiB (0 when it does not parse).
+    pub memory_mib: u64,
+}
+
+/// The MiB of a quantity with a binary or decimal suffix (`81559Mi`, `40Gi`, `16G`, bytes);
+/// `None` when it is not such a quantity.
+fn quantity_mib(text: &str) -> Option<u64> {
+    let digits = text.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number: u64 = digits.parse().ok()?;
+    let bytes: u64 = match &text[digits.len()..] {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        _ => return None,
+    };
+    Some(number.saturating_mul(bytes) >> 20)
+}
+
+/// The demo's steps for a machine with these full GPUs and these MIG devices (profile →
+/// count), and the steps left out, each claim holding its devices while the others run.
+///
+/// Claims are allocated in the order returned, each taking any free matching device, so the
+/// plan only counts on what is left whichever device an earlier claim took: the full-GPU
+/// steps go from the narrowest selector to the widest (memory, then product, then the shared
+/// GPU, which takes whatever is left), and a step runs only when a matching GPU is sure to be
+/// free for it. The shared GPU goes first in priority: it runs whenever there is a full GPU.
+pub fn plan(
+    full_gpus: &[FullGpu],
+    mig_devices: &BTreeMap<String, usize>,
+) -> (Vec<Workload>, Vec<Skipped>) {
+    let mut skipped = Vec::new();
+    let mut skip = |claim: &str, why: String| {
+        skipped.push(Skipped {
+            claim: claim.to_owned(),
+            why,
+        });
+    };
+    let mut full_steps = Vec::new();
+    // The shared GPU's device is kept back from the others.
+    let mut spare = full_gpus.len().saturating_sub(1);
+    if full_gpus.is_empty() {
+        skip(
+            SHARED_GPU_CLAIM,
+            "one full GPU shared by two containers: the machine has no full GPU".into(),
+        );
+    }
+    let is_big = |gpu: &FullGpu| gpu.memory_mib >= BIG_GPU_MIB;
+    let memory_runs = spare > 0 && full_gpus.iter().any(is_big);
+    if memory_runs {
+        spare -= 1;
+        full_steps.push(FullStep::Memory);
+    } else {
+        skip(
+            "by-memory",
+            if full_gpus.iter().any(is_big) {
+                "memory >= 40Gi: no full GPU to spare for it".into()
+            } else {
+                "memory >= 40Gi: no full GPU has 40Gi".into()
+            },
+        );
+    }
+    // The product with the most GPUs sure to be left after the memory step (which may have
+    // taken one of them); ties go to the first GPU's product.
+    let guaranteed = |product: &str| {
+        let of = full_gpus.iter().filter(|gpu| gpu.product == product);
+        let count = of.clone().count();
+        let maybe_taken = memory_runs && of.clone().any(is_big);
+        count - usize::from(maybe_taken)
+    };
+    let product = full_gpus
+        .iter()
+        .map(|gpu| gpu.product.as_str())
+        .rev()
+        .max_by_key(|product| guaranteed(product));
+    match product {
+        Some(product) if spare > 0 && guaranteed(product) > 0 => {
+            full_steps.push(FullStep::Product(product.to_owned()));
+        }
+        _ => skip(
+            "by-product",
+            "productName == <a product>, with a GpuConfig: no full GPU to spare for it".into(),
+        ),
+    }
+    if !full_gpus.is_empty() {
+        full_steps.push(FullStep::Shared);
+    }
+
+    let mut left = mig_devices.clone();
+    let mut take = |profile: &str| match left.get_mut(profile) {
+        Some(count) if *count > 0 => {
+            *count -= 1;
+            true
+        }
+        _ => false,
+    };
+    let mut mig_steps = Vec::new();
+    let first = mig_devices.keys().next().cloned();
+    if let Some(first) = &first {
+        if take(first) {
+            mig_steps.push(MigStep::Job(first.clone()));
+        }
+        // The wrong-type config and the profile step on whatever is left: the wrong-type one on
+        // the smallest profile, the profile step on the largest.
+        let profiles: Vec<String> = mig_devices.keys().cloned().collect();
+        match profiles.iter().find(|profile| take(profile)) {
+            Some(profile) => mig_steps.push(MigStep::WrongType(profile.clone())),
+            None => skip(
+                WRONG_TYPE_CLAIM,
+                "a MIG slice with a GpuConfig: no MIG device to spare for it".into(),
+            ),
+        }
+        match profiles.iter().rev().find(|profile| take(profile)) {
+            Some(profile) => mig_steps.push(MigStep::Profile(profile.clone())),
+            None => skip(
+                "by-profile",
+                "MIG profile == <a profile>, with a MigDeviceConfig: no MIG device to spare for it"
+                    .into(),
+            ),
+        }
+    } else {
+        for claim in ["mig-job-0-mig", "by-profile", WRONG_TYPE_CLAIM] {
+            skip(claim, "a MIG step: the machine has no MIG devices".into());
+        }
+    }
+    (workloads(&full_steps, &mig_steps), skipped)
+}
+
+/// A full-GPU step of the demo.
+enum FullStep {
+    Memory,
+    Product(String),
+    Shared,
+}
+
+/// A MIG step of the demo, with its profile.
+enum MigStep {
+    Job(String),
+    WrongType(String),
+    Profile(String),
 }
 
 /// One pod of the demo and the claim it uses.
-struct Workload {
-    pod: &'static str,
-    containers: &'static [&'static str],
-    claim: String,
-    what: String,
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The pod.
+    pub pod: &'static str,
+    /// Its containers, each using the claim.
+    pub containers: &'static [&'static str],
+    /// The claim.
+    pub claim: String,
+    /// What the step shows.
+    pub what: String,
     /// The claim's `spec`.
-    spec: Value,
+    pub spec: Value,
     /// The claim comes from this ResourceClaimTemplate (created with `spec`).
-    template: Option<&'static str>,
+    pub template: Option<&'static str>,
 }
 
 fn request(name: &str, class: &str, selector: Option<&str>) -> Value {
@@ -175,47 +358,9 @@ fn claim_spec(request: Value, config: Option<(&str, &str)>) -> Value {
     json!({ "devices": devices })
 }
 
-/// The guides' workloads, for what the mock machine publishes: the first GPU's product name,
-/// the MIG profiles present (none: the MIG workloads are left out, and said so).
-fn workloads(product: &str, mig_profiles: &BTreeSet<String>) -> Vec<Workload> {
+/// The workloads of the planned steps, in the order their claims are allocated.
+fn workloads(full_steps: &[FullStep], mig_steps: &[MigStep]) -> Vec<Workload> {
     let gpu = |selector: Option<&str>| request("gpu", GPU_DEVICE_CLASS, selector);
-    let mut list = vec![
-        Workload {
-            pod: "shared-gpu",
-            containers: &["ctr0", "ctr1"],
-            claim: "shared-gpu".into(),
-            what: "one full GPU shared by two containers".into(),
-            spec: claim_spec(gpu(None), None),
-            template: None,
-        },
-        Workload {
-            pod: "by-product",
-            containers: &["main"],
-            claim: "by-product".into(),
-            what: format!("productName == '{product}', with a GpuConfig"),
-            spec: claim_spec(
-                gpu(Some(&format!("{ATTRIBUTES}.productName == '{product}'"))),
-                Some(("gpu", "GpuConfig")),
-            ),
-            template: None,
-        },
-        Workload {
-            pod: "by-memory",
-            containers: &["main"],
-            claim: "by-memory".into(),
-            what: "memory >= 40Gi".into(),
-            spec: claim_spec(
-                gpu(Some(
-                    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity(\"40Gi\")) >= 0",
-                )),
-                None,
-            ),
-            template: None,
-        },
-    ];
-    let (Some(first), Some(last)) = (mig_profiles.first(), mig_profiles.last()) else {
-        return list;
-    };
     let mig = |profile: &str| {
         request(
             "mig",
@@ -223,33 +368,76 @@ fn workloads(product: &str, mig_profiles: &BTreeSet<String>) -> Vec<Workload> {
             Some(&format!("{ATTRIBUTES}.profile == '{profile}'")),
         )
     };
-    list.insert(
-        0,
-        Workload {
-            pod: "mig-job-0",
-            containers: &["main"],
-            claim: "mig-job-0-mig".into(),
-            what: format!("one {first} MIG slice, from ResourceClaimTemplate mig-slice"),
-            spec: claim_spec(mig(first), None),
-            template: Some("mig-slice"),
-        },
-    );
-    list.push(Workload {
-        pod: "by-profile",
-        containers: &["main"],
-        claim: "by-profile".into(),
-        what: format!("MIG profile == '{last}', with a MigDeviceConfig"),
-        spec: claim_spec(mig(last), Some(("mig", "MigDeviceConfig"))),
-        template: None,
-    });
-    list.push(Workload {
-        pod: WRONG_TYPE_CLAIM,
-        containers: &["main"],
-        claim: WRONG_TYPE_CLAIM.into(),
-        what: format!("a {first} MIG slice with a GpuConfig: must fail"),
-        spec: claim_spec(mig(first), Some(("mig", "GpuConfig"))),
-        template: None,
-    });
+    let mut list = Vec::new();
+    for step in mig_steps {
+        if let MigStep::Job(profile) = step {
+            list.push(Workload {
+                pod: "mig-job-0",
+                containers: &["main"],
+                claim: "mig-job-0-mig".into(),
+                what: format!("one {profile} MIG slice, from ResourceClaimTemplate mig-slice"),
+                spec: claim_spec(mig(profile), None),
+                template: Some("mig-slice"),
+            });
+        }
+    }
+    for step in full_steps {
+        list.push(match step {
+            FullStep::Memory => Workload {
+                pod: "by-memory",
+                containers: &["main"],
+                claim: "by-memory".into(),
+                what: "memory >= 40Gi".into(),
+                spec: claim_spec(
+                    gpu(Some(
+                        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity(\"40Gi\")) >= 0",
+                    )),
+                    None,
+                ),
+                template: None,
+            },
+            FullStep::Product(product) => Workload {
+                pod: "by-product",
+                containers: &["main"],
+                claim: "by-product".into(),
+                what: format!("productName == '{product}', with a GpuConfig"),
+                spec: claim_spec(
+                    gpu(Some(&format!("{ATTRIBUTES}.productName == '{product}'"))),
+                    Some(("gpu", "GpuConfig")),
+                ),
+                template: None,
+            },
+            FullStep::Shared => Workload {
+                pod: SHARED_GPU_CLAIM,
+                containers: &["ctr0", "ctr1"],
+                claim: SHARED_GPU_CLAIM.into(),
+                what: "one full GPU shared by two containers".into(),
+                spec: claim_spec(gpu(None), None),
+                template: None,
+            },
+        });
+    }
+    for step in mig_steps {
+        match step {
+            MigStep::Job(_) => {}
+            MigStep::Profile(profile) => list.push(Workload {
+                pod: "by-profile",
+                containers: &["main"],
+                claim: "by-profile".into(),
+                what: format!("MIG profile == '{profile}', with a MigDeviceConfig"),
+                spec: claim_spec(mig(profile), Some(("mig", "MigDeviceConfig"))),
+                template: None,
+            }),
+            MigStep::WrongType(profile) => list.push(Workload {
+                pod: WRONG_TYPE_CLAIM,
+                containers: &["main"],
+                claim: WRONG_TYPE_CLAIM.into(),
+                what: format!("a {profile} MIG slice with a GpuConfig: must fail"),
+                spec: claim_spec(mig(profile), Some(("mig", "GpuConfig"))),
+                template: None,
+            }),
+        }
+    }
     list
 }
 
@@ -313,7 +501,7 @@ pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
     let problems = report.problems();
     out.line(format!(
         "\nsummary: {} claims, {} allocated, {} prepared, {} failed ({}), {} unprepared, \
-         shared GPU seen by {} containers as {}, {} CDI spec files left: {}",
+         shared GPU seen by {} containers as {}, {} CDI spec files left, {} steps left out: {}",
         report.claims,
         report.allocated,
         report.prepared,
@@ -328,6 +516,7 @@ pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
         report.shared_uuids.len(),
         report.shared_uuids.first().map_or("-", String::as_str),
         report.cdi_files_left,
+        report.skipped.len(),
         if problems.is_empty() {
             "OK".to_owned()
         } else {
@@ -381,16 +570,27 @@ async fn drive(
         of_type("gpu"),
         of_type("mig")
     ));
-    let product = devices
+    let full_gpus: Vec<FullGpu> = devices
         .iter()
-        .find(|device| attribute(device, "type").as_deref() == Some("gpu"))
-        .and_then(|device| attribute(device, "productName"))
-        .unwrap_or_default();
-    let profiles: BTreeSet<String> = devices
+        .filter(|device| attribute(device, "type").as_deref() == Some("gpu"))
+        .map(|device| FullGpu {
+            product: attribute(device, "productName").unwrap_or_default(),
+            memory_mib: device
+                .capacity
+                .as_ref()
+                .and_then(|capacity| capacity.get("memory"))
+                .and_then(|memory| quantity_mib(&memory.value.0))
+                .unwrap_or(0),
+        })
+        .collect();
+    let mut mig_devices: BTreeMap<String, usize> = BTreeMap::new();
+    for profile in devices
         .iter()
         .filter_map(|device| attribute(device, "profile"))
-        .collect();
-    if profiles.is_empty() {
+    {
+        *mig_devices.entry(profile).or_default() += 1;
+    }
+    if mig_devices.is_empty() {
         out.line("no MIG devices on this machine: the MIG steps are left out");
     }
     let uuid_of = |name: &str| {
@@ -401,13 +601,20 @@ async fn drive(
             .unwrap_or_default()
     };
 
-    let plans = workloads(&product, &profiles);
+    let (plans, skipped) = plan(&full_gpus, &mig_devices);
+    for step in &skipped {
+        out.line(format!(
+            "left out on this machine: claim {} ({})",
+            step.claim, step.why
+        ));
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NAMESPACE);
     let mut report = DemoReport {
         claims: plans.len(),
-        mig_steps: !profiles.is_empty(),
+        mig_steps: !mig_devices.is_empty(),
+        skipped,
         ..DemoReport::default()
     };
     let mut allocated: Vec<(&Workload, ClaimRef)> = Vec::new();
@@ -496,7 +703,7 @@ async fn drive(
                     out.line(format!("  container {container}:"));
                     for device in prepared {
                         let uuid = uuid_of(&device.device);
-                        if plan.pod == "shared-gpu" {
+                        if plan.pod == SHARED_GPU_CLAIM {
                             report.shared_uuids.push(uuid.clone());
                         }
                         out.line(format!("    device {} (uuid {uuid})", device.device));
@@ -608,5 +815,95 @@ impl Out {
         }
         // Writing to a String cannot fail.
         let _ = writeln!(self.text, "{}", line.as_ref());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpus(list: &[(&str, u64)]) -> Vec<FullGpu> {
+        list.iter()
+            .map(|(product, memory_mib)| FullGpu {
+                product: (*product).to_owned(),
+                memory_mib: *memory_mib,
+            })
+            .collect()
+    }
+
+    fn claims(plans: &[Workload]) -> Vec<&str> {
+        plans.iter().map(|plan| plan.claim.as_str()).collect()
+    }
+
+    #[test]
+    fn quantities_become_mib() {
+        assert_eq!(quantity_mib("81559Mi"), Some(81559));
+        assert_eq!(quantity_mib("40Gi"), Some(40 * 1024));
+        assert_eq!(quantity_mib("1073741824"), Some(1024));
+        assert_eq!(quantity_mib("16G"), Some(15258));
+        assert_eq!(quantity_mib("1.5Gi"), None);
+        assert_eq!(quantity_mib("lots"), None);
+    }
+
+    #[test]
+    fn three_big_gpus_run_every_full_gpu_step_narrowest_first() {
+        let (plans, skipped) = plan(&gpus(&[("A100", 81559); 3]), &BTreeMap::new());
+        assert_eq!(
+            claims(&plans),
+            ["by-memory", "by-product", SHARED_GPU_CLAIM]
+        );
+        let left: Vec<&str> = skipped.iter().map(|s| s.claim.as_str()).collect();
+        assert_eq!(left, ["mig-job-0-mig", "by-profile", WRONG_TYPE_CLAIM]);
+    }
+
+    #[test]
+    fn one_small_gpu_runs_the_shared_gpu_only_and_says_why() {
+        let (plans, skipped) = plan(&gpus(&[("Tesla T4", 15360)]), &BTreeMap::new());
+        assert_eq!(claims(&plans), [SHARED_GPU_CLAIM]);
+        assert!(
+            skipped
+                .iter()
+                .any(|s| s.claim == "by-memory" && s.why.contains("no full GPU has 40Gi"))
+        );
+        assert!(skipped.iter().any(|s| s.claim == "by-product"));
+    }
+
+    #[test]
+    fn the_product_step_counts_on_a_gpu_the_memory_step_cannot_have_taken() {
+        // One big A100 and one small T4: the memory step takes the A100, the product step
+        // must ask for the T4, and nothing is left for the shared GPU... which has priority.
+        let machine = gpus(&[("A100", 40960), ("Tesla T4", 15360), ("Tesla T4", 15360)]);
+        let (plans, _) = plan(&machine, &BTreeMap::new());
+        assert_eq!(
+            claims(&plans),
+            ["by-memory", "by-product", SHARED_GPU_CLAIM]
+        );
+        assert!(plans[1].what.contains("Tesla T4"), "{}", plans[1].what);
+        let (plans, skipped) = plan(&machine[..2], &BTreeMap::new());
+        assert_eq!(claims(&plans), ["by-memory", SHARED_GPU_CLAIM]);
+        assert!(skipped.iter().any(|s| s.claim == "by-product"));
+    }
+
+    #[test]
+    fn mig_steps_share_out_the_mig_devices() {
+        let two = BTreeMap::from([("1g.5gb".to_owned(), 2)]);
+        let (plans, skipped) = plan(&[], &two);
+        assert_eq!(claims(&plans), ["mig-job-0-mig", WRONG_TYPE_CLAIM]);
+        let left: Vec<&str> = skipped.iter().map(|s| s.claim.as_str()).collect();
+        assert_eq!(
+            left,
+            [SHARED_GPU_CLAIM, "by-memory", "by-product", "by-profile"]
+        );
+        let mixed = BTreeMap::from([
+            ("1g.5gb".to_owned(), 2),
+            ("2g.10gb".to_owned(), 1),
+            ("3g.20gb".to_owned(), 1),
+        ]);
+        let (plans, _) = plan(&[], &mixed);
+        assert!(
+            plans
+                .iter()
+                .any(|p| p.claim == "by-profile" && p.what.contains("3g.20gb"))
+        );
     }
 }

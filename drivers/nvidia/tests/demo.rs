@@ -1,8 +1,9 @@
 //! `gpu-demo` end to end in the embedded cluster: on the default dgx-a100 machine every
 //! workload of the guides is allocated and prepared, the shared GPU is the same for both
 //! containers, the wrong-type config fails alone with the driver's message, nothing is left;
-//! on dgx-h100 (MIG disabled) the MIG steps are left out; `--kubeconfig` says it is not
-//! supported yet.
+//! on dgx-h100 (MIG disabled) the MIG steps are left out; on mixed and workstation (one full
+//! GPU, a T4) the full-GPU steps that do not fit are left out, said so, and the rest succeeds;
+//! `--kubeconfig` says it is not supported yet.
 
 use dra_driver_nvidia::demo::{DEFAULT_PROFILE, WRONG_TYPE_CLAIM, WRONG_TYPE_ERROR, run};
 
@@ -65,6 +66,37 @@ async fn dgx_h100_leaves_the_mig_steps_out() {
         report.problems(),
         report.text
     );
+}
+
+#[tokio::test]
+async fn machines_with_one_full_gpu_run_what_fits_and_say_what_not() {
+    for (profile, mig) in [("mixed", true), ("workstation", false)] {
+        let report = run(profile, false).await.unwrap();
+        assert!(
+            report.problems().is_empty(),
+            "{profile}: {:?}\n{}",
+            report.problems(),
+            report.text
+        );
+        let left: Vec<&str> = report.skipped.iter().map(|s| s.claim.as_str()).collect();
+        assert!(left.contains(&"by-memory"), "{profile}: {left:?}");
+        assert!(left.contains(&"by-product"), "{profile}: {left:?}");
+        assert!(
+            report.text.contains(
+                "left out on this machine: claim by-memory (memory >= 40Gi: no full GPU has 40Gi)"
+            ),
+            "{profile}:\n{}",
+            report.text
+        );
+        assert_eq!(report.shared_uuids.len(), 2, "{profile}");
+        assert_eq!(report.mig_steps, mig, "{profile}");
+        // mixed: the shared T4, and the A100's MIG slices for the template, profile and
+        // wrong-type steps; workstation: the T4 only.
+        let expected = if mig { 4 } else { 1 };
+        assert_eq!(report.claims, expected, "{profile}:\n{}", report.text);
+        assert_eq!(report.allocated, expected, "{profile}");
+        assert_eq!(report.cdi_files_left, 0, "{profile}");
+    }
 }
 
 #[test]
