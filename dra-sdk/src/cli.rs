@@ -22,6 +22,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
+use crate::rate_limit::RateLimitLayer;
 use crate::{DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRAR_DIR};
 
 /// The SDK's flags. Flatten with `#[command(flatten)]`.
@@ -61,6 +62,32 @@ pub struct PluginArgs {
     /// plugin run side by side with UID-specific socket names. Needs kubelet 1.33+.
     #[arg(long, env = "POD_UID")]
     pub pod_uid: Option<String>,
+
+    /// Requests per second to the API server on average: a client-side limit, so that many
+    /// plugins starting at once do not flood it. 0 or less: no limit.
+    #[arg(
+        long,
+        env = "KUBE_API_QPS",
+        default_value_t = 5.0,
+        allow_negative_numbers = true
+    )]
+    pub kube_api_qps: f64,
+
+    /// Requests to the API server that may go at once before --kube-api-qps holds them back.
+    #[arg(long, env = "KUBE_API_BURST", default_value_t = 10)]
+    pub kube_api_burst: u32,
+}
+
+/// Why [`PluginArgs::kube_client`] could not build a client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The kubeconfig or in-cluster configuration could not be loaded.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    /// `--kube-api-qps` or `--kube-api-burst` cannot be used.
+    #[error(transparent)]
+    RateLimit(#[from] crate::rate_limit::RateLimitError),
 }
 
 /// A flag value that cannot be used.
@@ -93,8 +120,15 @@ impl PluginArgs {
             })
     }
 
-    /// A Kubernetes client from `--kubeconfig`, or the in-cluster configuration.
-    pub async fn kube_client(&self) -> Result<kube::Client, kube::Error> {
+    /// The client-side rate limit of `--kube-api-qps` and `--kube-api-burst`.
+    pub fn rate_limit(&self) -> Result<RateLimitLayer, crate::rate_limit::RateLimitError> {
+        RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst)
+    }
+
+    /// A Kubernetes client from `--kubeconfig`, or the in-cluster configuration, its requests
+    /// limited by `--kube-api-qps` and `--kube-api-burst`.
+    pub async fn kube_client(&self) -> Result<kube::Client, ClientError> {
+        let limit = self.rate_limit()?;
         let config = match &self.kubeconfig {
             Some(path) => {
                 let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -107,7 +141,9 @@ impl PluginArgs {
                 .await
                 .map_err(kube::Error::InferConfig)?,
         };
-        kube::Client::try_from(config)
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&limit)
+            .build())
     }
 }
 
@@ -148,5 +184,67 @@ mod tests {
         );
         assert!(parse_endpoint("nonsense").unwrap_err().contains("nonsense"));
         assert!(parse_endpoint(":99999").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        plugin: PluginArgs,
+    }
+
+    fn parse(args: &[&str]) -> PluginArgs {
+        <Cli as clap::Parser>::parse_from([&["plugin", "--node-name", "n"], args].concat()).plugin
+    }
+
+    #[test]
+    fn the_rate_limit_flags_default_as_upstream_and_configure_the_limit() {
+        assert_eq!(parse(&[]).rate_limit().unwrap().limit(), Some((5.0, 10)));
+        let args = parse(&["--kube-api-qps", "20.5", "--kube-api-burst", "30"]);
+        assert_eq!(args.rate_limit().unwrap().limit(), Some((20.5, 30)));
+        assert_eq!(
+            parse(&["--kube-api-qps=-1"]).rate_limit().unwrap().limit(),
+            None
+        );
+        let error = parse(&["--kube-api-burst", "0"]).rate_limit().unwrap_err();
+        assert!(error.to_string().starts_with("--kube-api-burst"), "{error}");
+    }
+
+    /// The limit is the client's: requests beyond the burst wait for the API server.
+    #[cfg(feature = "testing")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_client_holds_requests_beyond_the_burst_back() {
+        use k8s_openapi::api::core::v1::Node;
+        let cluster = crate::testing::cluster::TestCluster::start().await.unwrap();
+        let kubeconfig = cluster.path().join("kubeconfig");
+        cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+        let kubeconfig = kubeconfig.to_str().unwrap();
+        let list = |client: kube::Client| async move {
+            let nodes: kube::Api<Node> = kube::Api::all(client);
+            let start = std::time::Instant::now();
+            for _ in 0..6 {
+                nodes.list(&Default::default()).await.unwrap();
+            }
+            start.elapsed()
+        };
+        // 20 per second, 2 at once: the 4 requests after the burst take 50 ms each.
+        let limited = parse(&[
+            "--kubeconfig",
+            kubeconfig,
+            "--kube-api-qps",
+            "20",
+            "--kube-api-burst",
+            "2",
+        ]);
+        let elapsed = list(limited.kube_client().await.unwrap()).await;
+        assert!(
+            elapsed >= std::time::Duration::from_millis(190),
+            "{elapsed:?}"
+        );
+        let free = parse(&["--kubeconfig", kubeconfig, "--kube-api-qps", "0"]);
+        let elapsed = list(free.kube_client().await.unwrap()).await;
+        assert!(
+            elapsed < std::time::Duration::from_millis(190),
+            "{elapsed:?}"
+        );
     }
 }

@@ -55,6 +55,7 @@
 //! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
 //! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
+//! - [`rate_limit`]: the client-side limit of API requests (`--kube-api-qps`/`--kube-api-burst`);
 //! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`).
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -74,6 +75,7 @@ pub mod metadata;
 mod metrics;
 pub mod plugin;
 pub mod proto;
+pub mod rate_limit;
 pub mod slices;
 #[cfg(feature = "testing")]
 pub mod testing;
