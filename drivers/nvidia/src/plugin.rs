@@ -99,6 +99,17 @@ pub struct NvidiaArgs {
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGates,
 
+    /// The image the plugin's pods run (the chart passes its `image.*`). Upstream runs its MPS
+    /// control-daemon Deployments from it; this driver runs MPS control daemons as processes
+    /// on the node (docs/sharing.md), so it only logs it at start, for the same values to work.
+    #[arg(long, env = "IMAGE_NAME")]
+    pub image_name: Option<String>,
+
+    /// HTTP path of the Prometheus metrics on --http-endpoint. The SDK serves them at
+    /// `/metrics` only: any other path is refused at start (not silently ignored).
+    #[arg(long, env = "METRICS_PATH", default_value = METRICS_PATH)]
+    pub metrics_path: String,
+
     /// Let several claims share a GPU or MIG device (published with
     /// allowMultipleAllocations): `disabled`, `memory` (a claim takes all the memory unless it
     /// asks for less), `unlimited` (a claim takes no memory unless it asks for some) or a
@@ -169,6 +180,9 @@ impl NvidiaArgs {
     }
 }
 
+/// The only metrics path the SDK's HTTP endpoint serves.
+pub const METRICS_PATH: &str = "/metrics";
+
 /// Gates this driver does not implement yet: enabling one is a start-up error, not a silent
 /// no-op.
 const UNIMPLEMENTED_GATES: [FeatureGate; 1] = [FeatureGate::FabricManagerPartitioning];
@@ -197,6 +211,23 @@ pub enum SetupError {
     /// `--consumable-shares` does not parse.
     #[error(transparent)]
     ConsumableSharesValue(#[from] ConsumableSharesError),
+    /// `--metrics-path` other than [`METRICS_PATH`].
+    #[error(
+        "--metrics-path={path}: the SDK serves metrics at {METRICS_PATH} only; a custom path is not \
+         implemented yet (leave the flag and METRICS_PATH unset)"
+    )]
+    MetricsPath {
+        /// The path given.
+        path: String,
+    },
+    /// `--image-name` is empty or not an image reference.
+    #[error(
+        "--image-name={value:?}: not an image reference (e.g. registry.example.com/gpu-kubelet-plugin:0.1.0)"
+    )]
+    ImageName {
+        /// The value given.
+        value: String,
+    },
     /// `--additional-xids-to-ignore` does not parse.
     #[error(transparent)]
     Xids(#[from] XidListError),
@@ -276,6 +307,19 @@ impl NvidiaPlugin {
             .find(|gate| gates.is_enabled(*gate))
         {
             return Err(SetupError::UnimplementedGate { gate: gate.name() });
+        }
+        if args.metrics_path != METRICS_PATH {
+            return Err(SetupError::MetricsPath {
+                path: args.metrics_path.clone(),
+            });
+        }
+        if let Some(image) = &args.image_name {
+            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+                return Err(SetupError::ImageName {
+                    value: image.clone(),
+                });
+            }
+            tracing::info!(image = %image, "image name (used by no feature of this driver)");
         }
         let consumable: ConsumableShares = args.consumable_shares.parse()?;
         if consumable.is_enabled() && !gates.is_enabled(FeatureGate::ConsumableShares) {
@@ -693,6 +737,34 @@ mod tests {
     }
 
     #[test]
+    fn metrics_path_and_image_name_are_checked() {
+        let cli = parse(&["--mock-profile", "workstation"]).unwrap();
+        assert_eq!(cli.nvidia.metrics_path, "/metrics");
+        assert_eq!(cli.nvidia.image_name, None);
+        NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        let cli = parse(&[
+            "--mock-profile",
+            "workstation",
+            "--metrics-path",
+            "/metrics",
+            "--image-name",
+            "registry.example.com/gpu-kubelet-plugin:0.1.0",
+        ])
+        .unwrap();
+        NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        let cli = parse(&["--mock-profile", "workstation", "--metrics-path", "/m"]).unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(matches!(error, SetupError::MetricsPath { .. }), "{error}");
+        assert!(
+            error.to_string().starts_with("--metrics-path=/m:"),
+            "{error}"
+        );
+        let cli = parse(&["--mock-profile", "workstation", "--image-name", "a b"]).unwrap();
+        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
+        assert!(error.to_string().starts_with("--image-name="), "{error}");
+    }
+
+    #[test]
     fn passthrough_needs_the_host_root() {
         let cli = parse(&[
             "--feature-gates",
@@ -731,6 +803,14 @@ mod tests {
             "--mock-profile",
             "[env: MOCK_PROFILE=]",
             "[env: NVIDIA_DRIVER_ROOT=]",
+            "--image-name",
+            "[env: IMAGE_NAME=]",
+            "--metrics-path",
+            "[env: METRICS_PATH=]",
+            "--kube-api-qps",
+            "[env: KUBE_API_QPS=]",
+            "--kube-api-burst",
+            "[env: KUBE_API_BURST=]",
         ] {
             assert!(help.contains(flag), "{flag} missing from --help:\n{help}");
         }

@@ -349,6 +349,11 @@ fn mock_mode_and_upstream_values_render_as_documented() {
     let all = rendered(&helm, "all-options-values.yaml");
     let env = env_map(container(&all));
     assert_eq!(
+        env["IMAGE_NAME"]["value"],
+        "registry.example.com/dra/gpu-kubelet-plugin:v0.1.0-test"
+    );
+    assert_eq!(env["IMAGE_NAME"]["value"], container(&all)["image"]);
+    assert_eq!(
         env["NVIDIA_CDI_HOOK_PATH"]["value"],
         "/usr/local/nvidia/toolkit/nvidia-cdi-hook"
     );
