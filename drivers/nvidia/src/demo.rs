@@ -1,4 +1,5 @@
-//! `gpu-demo`: the NVIDIA driver without a GPU, end to end in an embedded cluster.
+//! `gpu-demo`: the NVIDIA driver without a GPU, end to end in an embedded cluster or on a real
+//! API server.
 //!
 //! Runs the plugin on a mock machine (a shipped profile such as `dgx-a100`, or a profile
 //! file) against dra-sdk's test cluster (fake API server, simulated kubelet 1.36, the SDK's
@@ -21,8 +22,11 @@
 //!
 //! The embedded cluster runs no controllers, so the demo does their part: it binds pods to
 //! the node (`spec.nodeName`), creates the claim of a template pod as the resourceclaim
-//! controller would, and allocates with [`allocate_claim`] as the scheduler would. A real
-//! API server (`--kubeconfig`) is not supported yet: [`DemoError::RealClusterUnsupported`].
+//! controller would, and allocates with [`allocate_claim`] as the scheduler would. On a real
+//! API server ([`Target::Cluster`], `gpu-demo --kubeconfig`) the pods select the node, the
+//! cluster's scheduler allocates and its resourceclaim controller makes the template's claim;
+//! the demo waits for each allocation, prepares through a simulated kubelet, and deletes what
+//! it created (the plugin's ResourceSlices included).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -52,6 +56,9 @@ pub const WRONG_TYPE_CLAIM: &str = "wrong-type";
 /// What the driver must say about [`WRONG_TYPE_CLAIM`].
 pub const WRONG_TYPE_ERROR: &str = "GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG";
 const NAMESPACE: &str = "default";
+/// The image of the demo's pods; their containers never run (a real node's kubelet does not
+/// know the demo's plugin).
+const POD_IMAGE: &str = "registry.k8s.io/pause:3.10";
 const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const ATTRIBUTES: &str = "device.attributes['gpu.nvidia.com']";
 
@@ -59,11 +66,6 @@ const ATTRIBUTES: &str = "device.attributes['gpu.nvidia.com']";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DemoError {
-    /// `--kubeconfig` was given.
-    #[error(
-        "--kubeconfig: running against a real API server is not supported yet by gpu-demo; run it without --kubeconfig (embedded cluster)"
-    )]
-    RealClusterUnsupported,
     /// The plugin could not be set up from the mock profile.
     #[error("setting up the NVIDIA plugin: {0}")]
     Setup(String),
@@ -441,18 +443,125 @@ fn workloads(full_steps: &[FullStep], mig_steps: &[MigStep]) -> Vec<Workload> {
     list
 }
 
-/// Runs the demo on the mock `profile` (a shipped name or a file) and returns its report,
-/// printed on stdout as it goes when `print`. The report's [`DemoReport::problems`] say
-/// whether it went as it must.
+/// Where the demo runs.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Target {
+    /// dra-sdk's embedded cluster (fake API server, no scheduler): the demo binds the pods
+    /// to the node and allocates with the SDK's allocator.
+    Embedded,
+    /// A real API server (`gpu-demo --kubeconfig`): the pods select `node` by its
+    /// `kubernetes.io/hostname` label, the cluster's scheduler allocates their claims from the
+    /// plugin's slices and its resourceclaim controller makes the template's claim. The
+    /// plugin registers with a simulated kubelet only: the node's real kubelet reports
+    /// `FailedPrepareDynamicResources` for the pods and never starts them, which is expected.
+    Cluster {
+        /// The API server.
+        client: kube::Client,
+        /// The node to publish the mock machine for; no other `gpu.nvidia.com` plugin may
+        /// serve it.
+        node: String,
+        /// The namespace of the claims, template and pods.
+        namespace: String,
+        /// How long to wait for each allocation.
+        timeout: std::time::Duration,
+    },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embedded => f.write_str("Embedded"),
+            Self::Cluster {
+                node,
+                namespace,
+                timeout,
+                ..
+            } => f
+                .debug_struct("Cluster")
+                .field("node", node)
+                .field("namespace", namespace)
+                .field("timeout", timeout)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// The API server and directories the demo runs on.
+struct Stage {
+    client: kube::Client,
+    node: String,
+    namespace: String,
+    cdi_root: std::path::PathBuf,
+    /// `Some(timeout)` on a real cluster.
+    real: Option<std::time::Duration>,
+    /// The embedded cluster, kept alive for the demo.
+    _embedded: Option<TestCluster>,
+    /// The kubelet directories on a real cluster.
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Runs the demo on the mock `profile` (a shipped name or a file) in the embedded cluster and
+/// returns its report, printed on stdout as it goes when `print`. The report's
+/// [`DemoReport::problems`] say whether it went as it must.
 pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
+    run_on(profile, Target::Embedded, print).await
+}
+
+/// [`run`] on `target`.
+pub async fn run_on(profile: &str, target: Target, print: bool) -> Result<DemoReport, DemoError> {
     let mut out = Out {
         text: String::new(),
         print,
     };
+    let (stage, embedded) = match target {
+        Target::Embedded => {
+            let cluster = TestCluster::start()
+                .await
+                .map_err(err("starting the embedded cluster"))?;
+            let stage = Stage {
+                client: cluster.client(),
+                node: NODE_NAME.to_owned(),
+                namespace: NAMESPACE.to_owned(),
+                cdi_root: cluster.cdi_root(),
+                real: None,
+                _embedded: None,
+                _dir: None,
+            };
+            (stage, Some(cluster))
+        }
+        Target::Cluster {
+            client,
+            node,
+            namespace,
+            timeout,
+        } => {
+            // Short paths keep the socket names far from the 108-byte limit.
+            let dir = tempfile::Builder::new()
+                .prefix("gpu-demo")
+                .tempdir()
+                .map_err(err("creating the kubelet directories"))?;
+            for sub in ["registry", "plugins", "cdi"] {
+                std::fs::create_dir_all(dir.path().join(sub))
+                    .map_err(err("creating the kubelet directories"))?;
+            }
+            let stage = Stage {
+                client,
+                node,
+                namespace,
+                cdi_root: dir.path().join("cdi"),
+                real: Some(timeout),
+                _embedded: None,
+                _dir: Some(dir),
+            };
+            (stage, None)
+        }
+    };
+    let node = stage.node.clone();
     let cli = <Cli as clap::Parser>::try_parse_from([
         "gpu-kubelet-plugin",
         "--node-name",
-        NODE_NAME,
+        &node,
         "--mock-profile",
         profile,
     ])
@@ -461,19 +570,21 @@ pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
         .await
         .map_err(|error| DemoError::Setup(error.to_string()))?
         .map_err(|error| DemoError::Setup(error.to_string()))?;
-    let cluster = TestCluster::start()
-        .await
-        .map_err(err("starting the embedded cluster"))?;
-    let client = cluster.client();
+    let client = stage.client.clone();
 
     let classes: Api<DeviceClass> = Api::all(client.clone());
-    out.line(format!("mock machine {profile}; DeviceClasses:"));
+    out.line(format!(
+        "mock machine {profile} on node {node}; DeviceClasses:"
+    ));
+    let mut created_classes = Vec::new();
     for class in device_classes() {
         let name = class.metadata.name.clone().unwrap_or_default();
-        classes
-            .create(&PostParams::default(), &class)
-            .await
-            .map_err(err(format!("creating DeviceClass {name}")))?;
+        match classes.create(&PostParams::default(), &class).await {
+            Ok(_) => created_classes.push(name.clone()),
+            // A real cluster may have them from the chart: used as they are, left alone.
+            Err(kube::Error::Api(status)) if status.code == 409 && stage.real.is_some() => {}
+            Err(error) => return Err(err(format!("creating DeviceClass {name}"))(error)),
+        }
         let cel = class
             .spec
             .as_ref()
@@ -485,19 +596,54 @@ pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
         out.line(format!("  {name}: {cel}"));
     }
 
-    let plugin = cluster
-        .plugin(nvidia.driver.clone(), DRIVER_NAME)
-        .cdi_kind(cdi_kind().map_err(err("the CDI kind"))?)
-        .resources(nvidia.resources(NODE_NAME))
-        .start()
-        .await
-        .map_err(err("starting the plugin"))?;
-    let result = drive(&cluster, &plugin, &mut out).await;
+    let kind = cdi_kind().map_err(err("the CDI kind"))?;
+    let resources = nvidia.resources(&node);
+    let plugin = match (&embedded, &stage._dir) {
+        (Some(cluster), _) => cluster
+            .plugin(nvidia.driver.clone(), DRIVER_NAME)
+            .cdi_kind(kind)
+            .resources(resources)
+            .start()
+            .await
+            .map_err(err("starting the plugin"))?,
+        (None, dir) => {
+            let dir = dir
+                .as_ref()
+                .map(|d| d.path().to_owned())
+                .unwrap_or_default();
+            dra_sdk::plugin::KubeletPlugin::builder(
+                nvidia.driver.clone(),
+                DRIVER_NAME,
+                &node,
+                client.clone(),
+            )
+            .registrar_dir(dir.join("registry"))
+            .plugins_dir(dir.join("plugins"))
+            .cdi_root(stage.cdi_root.clone())
+            .cdi_kind(kind)
+            .resources(resources)
+            .start()
+            .await
+            .map_err(err("starting the plugin"))?
+        }
+    };
+    let result = drive(&stage, &plugin, &mut out).await;
     // Stop the plugin whatever happened; the cluster's directory goes with `cluster`.
     let stopped = plugin.shutdown().await.map_err(err("stopping the plugin"));
+    let cleaned = cleanup(&stage, &created_classes).await;
     let mut report = result?;
     stopped?;
+    cleaned?;
     drop(nvidia);
+    drop(embedded);
+    out.line(format!(
+        "deleted the pods, claims, template{}",
+        if created_classes.is_empty() {
+            ""
+        } else {
+            " and DeviceClasses"
+        }
+    ));
     let problems = report.problems();
     out.line(format!(
         "\nsummary: {} claims, {} allocated, {} prepared, {} failed ({}), {} unprepared, \
@@ -527,24 +673,132 @@ pub async fn run(profile: &str, print: bool) -> Result<DemoReport, DemoError> {
     Ok(report)
 }
 
+/// The pods, claims and template of the demo: the ones it creates are labelled so.
+const DEMO_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "gpu-demo");
+
+fn labels() -> Value {
+    json!({ DEMO_LABEL.0: DEMO_LABEL.1 })
+}
+
+/// Deletes what the demo created: pods first (without grace: no container ever ran), then
+/// claims, the template, the DeviceClasses it created and, on a real cluster, the plugin's
+/// ResourceSlices (no kubelet knows this plugin, so none would). The cluster's resourceclaim
+/// controller finishes deleting allocated claims once their pods are gone; the embedded
+/// cluster goes as a whole.
+async fn cleanup(stage: &Stage, created_classes: &[String]) -> Result<(), DemoError> {
+    let params = DeleteParams::default().grace_period(0);
+    let selector = ListParams::default().labels(&format!("{}={}", DEMO_LABEL.0, DEMO_LABEL.1));
+    let client = &stage.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &stage.namespace);
+    pods.delete_collection(&params, &selector)
+        .await
+        .map_err(err("deleting the demo's pods"))?;
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &stage.namespace);
+    claims
+        .delete_collection(&params, &selector)
+        .await
+        .map_err(err("deleting the demo's claims"))?;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &stage.namespace);
+    templates
+        .delete_collection(&params, &selector)
+        .await
+        .map_err(err("deleting the demo's template"))?;
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    for name in created_classes {
+        classes
+            .delete(name, &DeleteParams::default())
+            .await
+            .map_err(err(format!("deleting DeviceClass {name}")))?;
+    }
+    if stage.real.is_some() {
+        let slices: Api<ResourceSlice> = Api::all(client.clone());
+        slices
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().fields(&format!(
+                    "spec.driver={DRIVER_NAME},spec.nodeName={}",
+                    stage.node
+                )),
+            )
+            .await
+            .map_err(err("deleting the demo's ResourceSlices"))?;
+    }
+    Ok(())
+}
+
+/// Waits until the cluster's scheduler allocated the claim of `pod` (named `claim`, or the one
+/// the resourceclaim controller made from the template) and reserved it for the pod.
+async fn await_allocation(
+    stage: &Stage,
+    pod: &str,
+    pod_uid: &str,
+    claim: Option<&str>,
+    timeout: std::time::Duration,
+) -> Result<ResourceClaim, String> {
+    let pods: Api<Pod> = Api::namespaced(stage.client.clone(), &stage.namespace);
+    let claims: Api<ResourceClaim> = Api::namespaced(stage.client.clone(), &stage.namespace);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let name = match claim {
+            Some(name) => Some(name.to_owned()),
+            None => pods
+                .get(pod)
+                .await
+                .map_err(|error| format!("reading pod {pod}: {error}"))?
+                .status
+                .and_then(|status| status.resource_claim_statuses)
+                .and_then(|statuses| statuses.into_iter().find_map(|s| s.resource_claim_name)),
+        };
+        if let Some(name) = name
+            && let Some(found) = claims
+                .get_opt(&name)
+                .await
+                .map_err(|error| format!("reading claim {name}: {error}"))?
+        {
+            let status = found.status.as_ref();
+            let reserved = status
+                .filter(|status| status.allocation.is_some())
+                .and_then(|status| status.reserved_for.as_ref())
+                .is_some_and(|consumers| consumers.iter().any(|c| c.uid == pod_uid));
+            if reserved {
+                return Ok(found);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let events =
+                dra_sdk::testing::e2e::workload::pod_events(&stage.client, &stage.namespace, pod)
+                    .await;
+            return Err(format!(
+                "not allocated and reserved for pod {pod} within {timeout:?} (events: {})",
+                events.join(" | ")
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 async fn drive(
-    cluster: &TestCluster,
+    stage: &Stage,
     plugin: &dra_sdk::plugin::KubeletPlugin,
     out: &mut Out,
 ) -> Result<DemoReport, DemoError> {
-    let client = cluster.client();
+    let client = stage.client.clone();
+    let node = stage.node.as_str();
     if let Some(publisher) = plugin.publisher() {
         tokio::time::timeout(PUBLISH_TIMEOUT, publisher.synced())
             .await
             .map_err(err("waiting for the ResourceSlices"))?;
     }
-    let kubelet = cluster
-        .register(plugin, KubeletVersion::V1_36)
+    let kubelet = dra_sdk::testing::kubelet::KubeletSimulator::new(KubeletVersion::V1_36)
+        .register(&plugin.socket_paths().registration)
         .await
         .map_err(err("registering with the simulated kubelet"))?;
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let devices: Vec<_> = slices
-        .list(&ListParams::default())
+        .list(
+            &ListParams::default()
+                .fields(&format!("spec.driver={DRIVER_NAME},spec.nodeName={node}")),
+        )
         .await
         .map_err(err("listing ResourceSlices"))?
         .items
@@ -565,7 +819,7 @@ async fn drive(
             .count()
     };
     out.line(format!(
-        "published {} devices on {NODE_NAME}: {} GPUs, {} MIG devices",
+        "published {} devices on {node}: {} GPUs, {} MIG devices",
         devices.len(),
         of_type("gpu"),
         of_type("mig")
@@ -608,9 +862,10 @@ async fn drive(
             step.claim, step.why
         ));
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
-    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NAMESPACE);
+    let namespace = stage.namespace.as_str();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), namespace);
     let mut report = DemoReport {
         claims: plans.len(),
         mig_steps: !mig_devices.is_empty(),
@@ -619,11 +874,13 @@ async fn drive(
     };
     let mut allocated: Vec<(&Workload, ClaimRef)> = Vec::new();
     out.line("");
+    // One pod at a time, each allocated before the next is made: claims then take devices in
+    // the planned order, which the plan counts on (see `plan`).
     for plan in &plans {
         let pod_claim = match plan.template {
             Some(template) => {
                 let object = from_json(json!({
-                    "metadata": { "name": template, "namespace": NAMESPACE },
+                    "metadata": { "name": template, "namespace": namespace, "labels": labels() },
                     "spec": { "spec": plan.spec },
                 }))?;
                 templates
@@ -637,38 +894,74 @@ async fn drive(
         let containers: Vec<Value> = plan
             .containers
             .iter()
-            .map(|name| json!({ "name": name, "image": "ubuntu:24.04", "resources": { "claims": [{ "name": "gpu" }] } }))
+            .map(|name| json!({ "name": name, "image": POD_IMAGE, "resources": { "claims": [{ "name": "gpu" }] } }))
             .collect();
+        // The embedded cluster has no scheduler: the pod is bound to the node directly. A
+        // real cluster's scheduler places it by the node's hostname label and allocates.
+        let placement = match stage.real {
+            None => json!({ "nodeName": node }),
+            Some(_) => json!({ "nodeSelector": { "kubernetes.io/hostname": node } }),
+        };
+        let mut spec = json!({
+            "containers": containers,
+            "resourceClaims": [pod_claim],
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 0,
+        });
+        if let (Some(spec), Some(placement)) = (spec.as_object_mut(), placement.as_object()) {
+            spec.extend(placement.clone());
+        }
         let pod: Pod = from_json(json!({
-            "metadata": { "name": plan.pod, "namespace": NAMESPACE },
-            "spec": { "nodeName": NODE_NAME, "containers": containers, "resourceClaims": [pod_claim] },
+            "metadata": { "name": plan.pod, "namespace": namespace, "labels": labels() },
+            "spec": spec,
         }))?;
+        // A template's claim is made by the resourceclaim controller, owned by the pod: on the
+        // embedded cluster, which has none, by the demo below once the pod has its UID.
+        if plan.template.is_none() {
+            let claim: ResourceClaim = from_json(json!({
+                "metadata": { "name": plan.claim, "namespace": namespace, "labels": labels() },
+                "spec": plan.spec,
+            }))?;
+            claims
+                .create(&PostParams::default(), &claim)
+                .await
+                .map_err(err(format!("creating claim {}", plan.claim)))?;
+        }
         let pod = pods
             .create(&PostParams::default(), &pod)
             .await
             .map_err(err(format!("creating pod {}", plan.pod)))?;
         let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
-        // A template's claim is made by the resourceclaim controller, owned by the pod.
-        let owner = plan.template.map(|_| {
-            json!([{ "apiVersion": "v1", "kind": "Pod", "name": plan.pod, "uid": pod_uid, "controller": true }])
-        });
-        let claim: ResourceClaim = from_json(json!({
-            "metadata": { "name": plan.claim, "namespace": NAMESPACE, "ownerReferences": owner },
-            "spec": plan.spec,
-        }))?;
-        claims
-            .create(&PostParams::default(), &claim)
-            .await
-            .map_err(err(format!("creating claim {}", plan.claim)))?;
-        let outcome = allocate_claim(
-            &client,
-            NAMESPACE,
-            &plan.claim,
-            NODE_NAME,
-            Some((plan.pod, &pod_uid)),
-        )
-        .await
-        .map_err(|error| error.to_string())
+        let outcome = match stage.real {
+            None => {
+                if plan.template.is_some() {
+                    let claim: ResourceClaim = from_json(json!({
+                        "metadata": {
+                            "name": plan.claim, "namespace": namespace, "labels": labels(),
+                            "ownerReferences": [{ "apiVersion": "v1", "kind": "Pod", "name": plan.pod, "uid": pod_uid, "controller": true }],
+                        },
+                        "spec": plan.spec,
+                    }))?;
+                    claims
+                        .create(&PostParams::default(), &claim)
+                        .await
+                        .map_err(err(format!("creating claim {}", plan.claim)))?;
+                }
+                allocate_claim(
+                    &client,
+                    namespace,
+                    &plan.claim,
+                    node,
+                    Some((plan.pod, &pod_uid)),
+                )
+                .await
+                .map_err(|error| error.to_string())
+            }
+            Some(timeout) => {
+                let named = plan.template.is_none().then_some(plan.claim.as_str());
+                await_allocation(stage, plan.pod, &pod_uid, named, timeout).await
+            }
+        }
         .and_then(|claim| claim_ref(&claim).map_err(|error| error.to_string()));
         match outcome {
             Ok(reference) => {
@@ -686,7 +979,7 @@ async fn drive(
         }
     }
 
-    let cdi_root = cluster.cdi_root();
+    let cdi_root = stage.cdi_root.clone();
     for (plan, reference) in &allocated {
         let answer = kubelet
             .prepare(std::slice::from_ref(reference))
@@ -735,37 +1028,7 @@ async fn drive(
     report.cdi_files_left = std::fs::read_dir(&cdi_root)
         .map_err(err("reading the CDI directory"))?
         .count();
-
-    // Clean up as a user would: pods, claims, template, classes. Finalizers the allocator
-    // added are the resourceclaim controller's to drop; the embedded cluster goes anyway.
-    let params = DeleteParams::default();
-    let classes: Api<DeviceClass> = Api::all(client.clone());
-    for plan in &plans {
-        pods.delete(plan.pod, &params)
-            .await
-            .map_err(err(format!("deleting pod {}", plan.pod)))?;
-        claims
-            .delete(&plan.claim, &params)
-            .await
-            .map_err(err(format!("deleting claim {}", plan.claim)))?;
-        if let Some(template) = plan.template {
-            templates
-                .delete(template, &params)
-                .await
-                .map_err(err("deleting the template"))?;
-        }
-    }
-    for class in device_classes() {
-        let name = class.metadata.name.unwrap_or_default();
-        classes
-            .delete(&name, &params)
-            .await
-            .map_err(err(format!("deleting DeviceClass {name}")))?;
-    }
-    out.line(format!(
-        "\nunprepared {} claims; deleted the pods, claims, template and DeviceClasses",
-        report.unprepared
-    ));
+    out.line(format!("\nunprepared {} claims", report.unprepared));
     Ok(report)
 }
 

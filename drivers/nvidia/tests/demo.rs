@@ -3,7 +3,8 @@
 //! containers, the wrong-type config fails alone with the driver's message, nothing is left;
 //! on dgx-h100 (MIG disabled) the MIG steps are left out; on mixed and workstation (one full
 //! GPU, a T4) the full-GPU steps that do not fit are left out, said so, and the rest succeeds;
-//! `--kubeconfig` says it is not supported yet.
+//! `--kubeconfig` needs `--node-name` and a readable file (it runs against a real cluster in
+//! `tests/e2e.rs`).
 
 use dra_driver_nvidia::demo::{DEFAULT_PROFILE, WRONG_TYPE_CLAIM, WRONG_TYPE_ERROR, run};
 
@@ -112,12 +113,20 @@ fn an_unknown_profile_is_a_setup_error() {
 }
 
 #[test]
-fn kubeconfig_is_not_supported_yet() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-demo"))
+fn kubeconfig_needs_a_node_and_a_readable_file() {
+    let demo = || std::process::Command::new(env!("CARGO_BIN_EXE_gpu-demo"));
+    let output = demo()
         .args(["--kubeconfig", "/nonexistent"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--node-name"), "{stderr}");
+    let output = demo()
+        .args(["--kubeconfig", "/nonexistent", "--node-name", "n"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("not supported yet"), "{stderr}");
+    assert!(stderr.contains("--kubeconfig /nonexistent"), "{stderr}");
 }

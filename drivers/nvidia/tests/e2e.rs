@@ -4,12 +4,13 @@
 //! (a double that logs them). Skipped, with one line saying so, without `DRA_E2E_K8S_BIN`
 //! (see `dra_sdk::testing::e2e`).
 //!
-//! One cluster of three nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
+//! One cluster of five nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
 //! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs), `node-t4` the
 //! `workstation` profile (one T4) with device health on (gate `NVMLDeviceHealthCheck`) and
 //! events from a file, used by the health test alone, and `node-dynmig` the `dgx-h100` profile
 //! with `DynamicMIG` (every GPU whole or split, kept apart by counters), used by the dynamic
-//! MIG test alone.
+//! MIG test alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
+//! machine there (feature `demo`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -29,6 +30,8 @@ const A100_NODE: &str = "node-a100";
 const H100_NODE: &str = "node-h100";
 const T4_NODE: &str = "node-t4";
 const DYNAMIC_MIG_NODE: &str = "node-dynmig";
+/// The node `gpu-demo --kubeconfig` publishes for; no plugin serves it.
+const DEMO_NODE: &str = "node-demo";
 const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The CEL of the suite's DeviceClass narrowing, by device type.
@@ -51,7 +54,7 @@ async fn fixture() -> Option<&'static Fixture> {
         FIXTURE
             .get_or_init(|| async {
                 let cluster = RealCluster::builder(binaries)
-                    .nodes([A100_NODE, H100_NODE, T4_NODE, DYNAMIC_MIG_NODE])
+                    .nodes([A100_NODE, H100_NODE, T4_NODE, DYNAMIC_MIG_NODE, DEMO_NODE])
                     .start()
                     .await
                     .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
@@ -605,5 +608,105 @@ async fn create_device_classes(client: &kube::Client) {
             Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(error) => panic!("creating DeviceClass: {error}"),
         }
+    }
+}
+
+/// The demo against the real cluster (`gpu-demo --kubeconfig`): real pods, the real scheduler
+/// allocates every planned claim from the demo plugin's slices on `node-demo` (the
+/// resourceclaim controller makes the template's claim), the demo prepares them through its
+/// simulated kubelet, the wrong-type config fails alone, and everything it made is deleted.
+#[cfg(feature = "demo")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_demo_runs_against_the_real_cluster() {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let cluster = &fixture.cluster;
+    let client = cluster.client().await.unwrap();
+    // The classes exist before the demo, as after a chart install: the demo uses them and
+    // leaves them (another test of this binary uses them at the same time).
+    create_device_classes(&client).await;
+    let classes = Api::<DeviceClass>::all(client.clone());
+    // dgx-a100 walks every step; mixed (one full T4, an A100 in MIG mode) leaves the memory
+    // and product steps out and still succeeds.
+    let runs = [
+        (
+            "dgx-a100",
+            [
+                "claim mig-job-0-mig (one 1g.10gb MIG slice, from ResourceClaimTemplate mig-slice) allocated",
+                "summary: 6 claims, 6 allocated, 5 prepared, 1 failed (wrong-type), 6 unprepared",
+                "0 CDI spec files left, 0 steps left out: OK",
+            ],
+        ),
+        (
+            "mixed",
+            [
+                "left out on this machine: claim by-memory",
+                "summary: 4 claims, 4 allocated, 3 prepared, 1 failed (wrong-type), 4 unprepared",
+                "0 CDI spec files left, 2 steps left out: OK",
+            ],
+        ),
+    ];
+    let mut namespaces = Vec::new();
+    for (profile, expected) in runs {
+        let namespace = cluster.create_namespace("gpu-demo").await.unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-demo"));
+        command
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .args(["--node-name", DEMO_NODE, "--namespace", &namespace])
+            .args(["--mock-profile", profile, "--timeout", "60"]);
+        // Off the runtime: the binary takes some seconds.
+        let output = tokio::task::spawn_blocking(move || command.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{profile}: exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            output.status
+        );
+        assert!(
+            stdout.contains(&format!("mock machine {profile} on node {DEMO_NODE}")),
+            "{stdout}"
+        );
+        for expected in expected {
+            assert!(
+                stdout.contains(expected),
+                "{profile}: no {expected:?} in\n{stdout}"
+            );
+        }
+        namespaces.push(namespace);
+    }
+    // Nothing of the demo is left but what the cluster's controllers finish deleting.
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={DEMO_NODE}")))
+        .await
+        .unwrap();
+    assert!(
+        slices.items.is_empty(),
+        "slices left: {}",
+        slices.items.len()
+    );
+    for namespace in &namespaces {
+        let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        assert!(
+            pods.items
+                .iter()
+                .all(|pod| pod.metadata.deletion_timestamp.is_some())
+        );
+    }
+    for class in device_classes() {
+        let name = class.metadata.name.unwrap();
+        assert!(
+            classes.get_opt(&name).await.unwrap().is_some(),
+            "{name} deleted"
+        );
     }
 }

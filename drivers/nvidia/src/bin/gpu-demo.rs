@@ -1,27 +1,49 @@
-//! `gpu-demo`: the NVIDIA driver without a GPU, on a mock machine in an embedded cluster. See
+//! `gpu-demo`: the NVIDIA driver without a GPU, on a mock machine in an embedded cluster or,
+//! with `--kubeconfig`, on a real API server whose scheduler allocates. See
 //! [`dra_driver_nvidia::demo`]. Exits 1 when the demo did not go as it must.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
-use dra_driver_nvidia::demo::{DEFAULT_PROFILE, DemoError, run};
+use dra_driver_nvidia::demo::{DEFAULT_PROFILE, DemoError, Target, run_on};
 
-/// Run the NVIDIA GPU DRA plugin on a mock machine in an embedded cluster (fake API server,
-/// simulated kubelet, the SDK's allocator): DeviceClasses, a MIG slice from a
+/// Run the NVIDIA GPU DRA plugin on a mock machine: DeviceClasses, a MIG slice from a
 /// ResourceClaimTemplate, one GPU shared by two containers, CEL selectors on productName,
 /// memory and MIG profile, GpuConfig and MigDeviceConfig, a config of the wrong type failing
-/// alone; prints what each container would get, then cleans up.
+/// alone; prints what each container would get, then cleans up. In an embedded cluster (fake
+/// API server, simulated kubelet, the SDK's allocator) by default; with --kubeconfig on a real
+/// API server, whose scheduler allocates for real pods.
 #[derive(Parser)]
 #[command(name = "gpu-demo", version, about)]
 struct Cli {
-    /// The mock machine: dgx-a100, dgx-h100, mixed, workstation, or a profile file. The demo's
-    /// pods need three full GPUs, one with at least 40Gi (dgx-a100 and dgx-h100 have them).
+    /// The mock machine: dgx-a100, dgx-h100, mixed, workstation, or a profile file. Steps the
+    /// machine cannot spare devices for are left out, and said so (all of them need three full
+    /// GPUs, one with at least 40Gi, and MIG devices: dgx-a100 has them).
     #[arg(long, env = "MOCK_PROFILE", default_value = DEFAULT_PROFILE)]
     mock_profile: String,
-    /// Run against a real API server: not supported yet (the demo exits with an error).
-    #[arg(long)]
+    /// Run against the API server of this kubeconfig: the demo publishes the mock machine for
+    /// --node-name under gpu.nvidia.com (no gpu-kubelet-plugin may serve that node), creates
+    /// the DeviceClasses unless they exist, claims, a template and pods there, and deletes them
+    /// again.
+    #[arg(long, requires = "node_name")]
     kubeconfig: Option<PathBuf>,
+    /// With --kubeconfig: the node to publish the mock machine for (its
+    /// `kubernetes.io/hostname` label must be its name).
+    #[arg(long, requires = "kubeconfig")]
+    node_name: Option<String>,
+    /// With --kubeconfig: the namespace of the demo's claims, template and pods.
+    #[arg(long, default_value = "default", requires = "kubeconfig")]
+    namespace: String,
+    /// With --kubeconfig: seconds to wait for each claim's allocation by the scheduler.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        requires = "kubeconfig"
+    )]
+    timeout: u64,
 }
 
 #[tokio::main]
@@ -36,11 +58,14 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let outcome = match cli.kubeconfig {
-        Some(_) => Err(DemoError::RealClusterUnsupported),
-        None => run(&cli.mock_profile, true).await,
+    let target = match target(&cli).await {
+        Ok(target) => target,
+        Err(error) => {
+            eprintln!("gpu-demo: {error}");
+            return ExitCode::FAILURE;
+        }
     };
-    match outcome {
+    match run_on(&cli.mock_profile, target, true).await {
         Ok(report) if report.problems().is_empty() => ExitCode::SUCCESS,
         Ok(report) => {
             eprintln!(
@@ -54,4 +79,25 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The embedded cluster, or the API server of `--kubeconfig`.
+async fn target(cli: &Cli) -> Result<Target, DemoError> {
+    let (Some(path), Some(node)) = (&cli.kubeconfig, &cli.node_name) else {
+        return Ok(Target::Embedded);
+    };
+    let setup =
+        |error: String| DemoError::Setup(format!("--kubeconfig {}: {error}", path.display()));
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(path).map_err(|error| setup(error.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|error| setup(error.to_string()))?;
+    let client = kube::Client::try_from(config).map_err(|error| setup(error.to_string()))?;
+    Ok(Target::Cluster {
+        client,
+        node: node.clone(),
+        namespace: cli.namespace.clone(),
+        timeout: Duration::from_secs(cli.timeout),
+    })
 }
