@@ -79,6 +79,7 @@ use std::fs::{self, DirBuilder, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
@@ -107,6 +108,8 @@ const CDI_VERSION: cdi::Version = cdi::Version::V0_5_0;
 const FILE_MODE: u32 = 0o644;
 const DIR_MODE: u32 = 0o755;
 const HOST_FILE: &str = "metadata.json";
+/// How old a directory without a metadata file must be before the plugin's sweep removes it.
+const INCOMPLETE_AGE: Duration = Duration::from_secs(60);
 
 /// A version of the metadata API written into the files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -379,6 +382,25 @@ pub struct WrittenMetadata {
     pub files: Vec<PathBuf>,
 }
 
+/// The metadata files of one claim found on disk.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimMetadataFiles {
+    /// Its CDI specs.
+    specs: Vec<PathBuf>,
+    /// Its request files (`<claim dir>/<request>/metadata.json`).
+    files: Vec<PathBuf>,
+}
+
+/// What [`MetadataWriter::list_claims`] found.
+#[derive(Debug, Default)]
+pub(crate) struct MetadataListing {
+    /// The files, by the claim UID they name.
+    pub(crate) claims: BTreeMap<String, ClaimMetadataFiles>,
+    /// Directories holding no metadata file: a crash between creating a directory and its file,
+    /// or a write in progress.
+    pub(crate) incomplete: Vec<PathBuf>,
+}
+
 /// Writes, updates and removes the metadata files and CDI specs of prepared claims.
 #[derive(Clone, Debug)]
 pub struct MetadataWriter {
@@ -536,57 +558,143 @@ impl MetadataWriter {
     }
 
     /// Removes metadata of claims `keep` rejects (by claim UID): CDI specs named for this
-    /// driver, and claim directories whose files name a rejected UID or that hold no metadata
-    /// file at all (a crash between creating the directory and the file). Returns the removed
-    /// claim UIDs, sorted. Meant for start-up with `keep` answering from the checkpoint, as for
-    /// CDI specs; a directory whose file cannot be decoded is kept and reported in the log.
+    /// driver, request files that name a rejected UID, and request directories that hold no
+    /// metadata file at all (a crash between creating the directory and the file). Returns the
+    /// removed claim UIDs, sorted. Meant for a driver's own start-up with `keep` answering from
+    /// the checkpoint; a file that cannot be decoded is kept and reported in the log. (The
+    /// plugin's own sweep, for a driver that opts in, does more: it checks and removes each
+    /// claim's files under the claim's lock, and keeps files written after it began.)
     pub fn remove_orphans(
         &self,
         keep: impl Fn(&str) -> bool,
     ) -> Result<Vec<String>, MetadataError> {
-        let mut removed = std::collections::BTreeSet::new();
-        for (uid, path) in self.specs()? {
-            if !keep(&uid) {
-                remove_file(&path)?;
-                removed.insert(uid);
+        let listing = self.list_claims()?;
+        let mut removed = Vec::new();
+        for (uid, files) in &listing.claims {
+            if !keep(uid) {
+                self.remove_files(uid, files, None)?;
+                removed.push(uid.clone());
             }
         }
-        let entries = match fs::read_dir(&self.host_dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Ok(removed.into_iter().collect());
-            }
-            Err(e) => {
-                return Err(MetadataError::io(
-                    "list metadata directory",
-                    &self.host_dir,
-                    e,
-                ));
-            }
-        };
-        for entry in entries {
-            let dir = entry
-                .map_err(|e| MetadataError::io("list metadata directory", &self.host_dir, e))?
-                .path();
-            if !dir.is_dir() {
+        self.remove_incomplete(&listing.incomplete, None)?;
+        Ok(removed)
+    }
+
+    /// The metadata files on disk, by the claim UID they name, and the request directories
+    /// naming none. A request file that cannot be decoded is left out (and logged): whose it
+    /// is cannot be told, so it is never removed.
+    pub(crate) fn list_claims(&self) -> Result<MetadataListing, MetadataError> {
+        let mut listing = MetadataListing::default();
+        for (uid, path) in self.specs()? {
+            listing.claims.entry(uid).or_default().specs.push(path);
+        }
+        for claim_dir in subdirectories(&self.host_dir)? {
+            let requests = subdirectories(&claim_dir)?;
+            if requests.is_empty() {
+                listing.incomplete.push(claim_dir);
                 continue;
             }
-            match claim_uid_of(&dir) {
-                Ok(Some(uid)) if keep(&uid) => continue,
-                Ok(Some(uid)) => {
-                    removed.insert(uid);
+            for request_dir in requests {
+                let file = request_dir.join(HOST_FILE);
+                let contents = match fs::read(&file) {
+                    Ok(contents) => contents,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        listing.incomplete.push(request_dir);
+                        continue;
+                    }
+                    Err(e) => return Err(MetadataError::io("read", file, e)),
+                };
+                match first_object(&contents) {
+                    Ok(object) => listing
+                        .claims
+                        .entry(object.metadata.uid)
+                        .or_default()
+                        .files
+                        .push(file),
+                    Err(source) => {
+                        let error = MetadataError::Decode { path: file, source };
+                        tracing::warn!(%error, "keeping a metadata file that cannot be decoded");
+                    }
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "keeping a metadata directory that cannot be read");
+            }
+        }
+        Ok(listing)
+    }
+
+    /// Removes the listed files of one claim (CDI specs, request files, then the directories
+    /// they leave empty). With a `cutoff`, a file last modified at or after it, or whose
+    /// modification time cannot be read, is kept: someone wrote it after the caller decided.
+    /// Returns whether every file is gone. The plugin's sweep calls this holding the claim's
+    /// lock, after the checkpoint (read under that lock) showed no instance records the claim.
+    pub(crate) fn remove_files(
+        &self,
+        claim_uid: &str,
+        files: &ClaimMetadataFiles,
+        cutoff: Option<SystemTime>,
+    ) -> Result<bool, MetadataError> {
+        let mut all = true;
+        for path in files.specs.iter().chain(&files.files) {
+            if let Some(cutoff) = cutoff {
+                // Read now, not at listing: the listing may be older than the claim's lock.
+                let modified = match fs::metadata(path) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    metadata => metadata.and_then(|m| m.modified()).ok(),
+                };
+                if modified.is_none_or(|modified| modified >= cutoff) {
+                    tracing::info!(claim_uid, path = %path.display(), "keeping device metadata written after the sweep started");
+                    all = false;
                     continue;
                 }
             }
-            fs::remove_dir_all(&dir)
-                .map_err(|e| MetadataError::io("remove metadata directory", &dir, e))?;
-            tracing::info!(path = %dir.display(), "removed orphaned device metadata");
+            remove_file(path)?;
         }
-        Ok(removed.into_iter().collect())
+        for file in &files.files {
+            // Only empty directories go: another claim of the same name may be writing there.
+            let request_dir = file.parent();
+            for dir in [request_dir, request_dir.and_then(Path::parent)]
+                .into_iter()
+                .flatten()
+            {
+                let _ = fs::remove_dir(dir);
+            }
+        }
+        Ok(all)
+    }
+
+    /// Removes request (or claim) directories that held no metadata file when listed, when
+    /// nothing in them was modified at or after `cutoff` (and, with a cutoff, nothing in the
+    /// last minute: a write may have just created the directory). No claim lock covers them:
+    /// the claim they were for cannot be told.
+    pub(crate) fn remove_incomplete(
+        &self,
+        dirs: &[PathBuf],
+        cutoff: Option<SystemTime>,
+    ) -> Result<(), MetadataError> {
+        let now = SystemTime::now();
+        for dir in dirs {
+            if let Some(cutoff) = cutoff {
+                let newest = newest_modification(dir);
+                let old = newest.is_some_and(|newest| {
+                    newest < cutoff
+                        && now
+                            .duration_since(newest)
+                            .is_ok_and(|age| age >= INCOMPLETE_AGE)
+                });
+                if !old {
+                    continue;
+                }
+            }
+            match fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(MetadataError::io("remove metadata directory", dir, e)),
+            }
+            if let Some(claim_dir) = dir.parent().filter(|parent| *parent != self.host_dir) {
+                let _ = fs::remove_dir(claim_dir);
+            }
+            tracing::info!(path = %dir.display(), "removed incomplete device metadata");
+        }
+        Ok(())
     }
 
     /// `<host dir>/<namespace>_<name>`.
@@ -810,26 +918,40 @@ fn remove_file(path: &Path) -> Result<(), MetadataError> {
     }
 }
 
-/// The claim UID recorded in any request file of a claim directory; `None` when it holds none.
-fn claim_uid_of(dir: &Path) -> Result<Option<String>, MetadataError> {
-    let requests = fs::read_dir(dir).map_err(|e| MetadataError::io("list", dir, e))?;
-    for request in requests {
-        let file = request
-            .map_err(|e| MetadataError::io("list", dir, e))?
-            .path()
-            .join(HOST_FILE);
-        let contents = match fs::read(&file) {
-            Ok(contents) => contents,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(MetadataError::io("read", file, e)),
-        };
-        let object = first_object(&contents).map_err(|source| MetadataError::Decode {
-            path: file.clone(),
-            source,
-        })?;
-        return Ok(Some(object.metadata.uid));
+/// The directories directly under `dir`; none when it does not exist.
+fn subdirectories(dir: &Path) -> Result<Vec<PathBuf>, MetadataError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(MetadataError::io("list metadata directory", dir, e)),
+    };
+    let mut dirs = Vec::new();
+    for entry in entries {
+        let path = entry
+            .map_err(|e| MetadataError::io("list metadata directory", dir, e))?
+            .path();
+        if path.is_dir() {
+            dirs.push(path);
+        }
     }
-    Ok(None)
+    Ok(dirs)
+}
+
+/// The latest modification time of `dir` and what is in it, two levels deep; `None` when one
+/// cannot be read.
+fn newest_modification(dir: &Path) -> Option<SystemTime> {
+    fn walk(path: &Path, depth: u8, newest: &mut SystemTime) -> Option<()> {
+        let metadata = fs::symlink_metadata(path).ok()?;
+        *newest = (*newest).max(metadata.modified().ok()?);
+        if metadata.is_dir() && depth > 0 {
+            for entry in fs::read_dir(path).ok()? {
+                walk(&entry.ok()?.path(), depth - 1, newest)?;
+            }
+        }
+        Some(())
+    }
+    let mut newest = SystemTime::UNIX_EPOCH;
+    walk(dir, 2, &mut newest).map(|()| newest)
 }
 
 /// The first object of a metadata stream; every version carries the same identity.

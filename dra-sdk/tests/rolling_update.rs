@@ -1,7 +1,9 @@
 //! Two plugin instances on one node, as a DaemonSet rolling update with `maxSurge: 1` runs
 //! them: one checkpoint, one CDI directory, two pairs of sockets. The old instance has a
 //! prepare in flight while the new one starts, prepares a claim while the new one's recovery
-//! runs, and both then serve overlapping calls for the same claims.
+//! runs, and both then serve overlapping calls for the same claims. The driver opts into
+//! device metadata (KEP-5304), whose files the new instance's start-up sweep treats like CDI
+//! specs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
+use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk::testing::kubelet::KubeletVersion;
@@ -22,6 +25,10 @@ use driver_common::{DRIVER, GpuConfig, prepare_gpus};
 
 /// A claim whose prepare was interrupted by a crash long before this test's instances ran.
 const CRASHED_UID: &str = "0d0d0d0d-0000-4000-8000-000000000001";
+/// A claim whose metadata a crashed instance left behind without a record: swept.
+const ORPHAN_UID: &str = "0d0d0d0d-0000-4000-8000-000000000002";
+/// A claim whose metadata was written, without a record yet, after the sweep began: kept.
+const LATE_UID: &str = "0d0d0d0d-0000-4000-8000-000000000003";
 
 /// A gate the test opens: the driver waits on it inside a hook.
 #[derive(Default)]
@@ -66,6 +73,10 @@ impl Driver for HandoverDriver {
 
     fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
         ConfigRegistry::new().register::<GpuConfig>()
+    }
+
+    fn device_metadata(&self) -> bool {
+        true
     }
 
     async fn prepare(&self, claim: &Claim<GpuConfig>) -> Result<PreparedClaim, DriverError> {
@@ -118,6 +129,23 @@ fn has_spec(cdi_root: &Path, uid: &str) -> bool {
                 .is_some_and(|name| name.ends_with(&format!("_{uid}.json")))
         })
     })
+}
+
+/// Whether the CDI root holds the metadata spec of the claim's `gpu` request.
+fn has_metadata(cdi_root: &Path, uid: &str) -> bool {
+    cdi_root
+        .join(format!("{DRIVER}_metadata_{uid}_gpu.json"))
+        .exists()
+}
+
+/// Writes a claim's metadata files as an instance would, without recording the claim.
+fn write_unrecorded_metadata(cluster: &TestCluster, name: &str, uid: &str) {
+    MetadataWriter::new(DRIVER, cluster.plugins_dir().join(DRIVER), cluster.cdi_root())
+        .write_claim(
+            &MetadataClaim::new("default", name, uid),
+            &[MetadataDevice::new("gpu", NODE_NAME, "gpu-0")],
+        )
+        .unwrap();
 }
 
 fn states(cluster: &TestCluster) -> BTreeMap<String, ClaimState> {
@@ -176,6 +204,9 @@ async fn a_rolling_update_never_undoes_or_sweeps_the_other_instances_work() {
             )])
             .unwrap();
     }
+    // Metadata a crashed instance wrote for a claim it never recorded.
+    write_unrecorded_metadata(&cluster, "orphan", ORPHAN_UID);
+    assert!(has_metadata(&cdi_root, ORPHAN_UID));
 
     // The old instance is in the middle of preparing `in-flight` when the new one starts.
     let in_flight = gpu_claim(&cluster, "in-flight").await;
@@ -219,6 +250,12 @@ async fn a_rolling_update_never_undoes_or_sweeps_the_other_instances_work() {
             .is_ok()
     );
     assert!(has_spec(&cdi_root, &during.uid));
+    assert!(has_metadata(&cdi_root, &during.uid));
+    // Files written after the sweep began, by an instance that has not recorded the claim
+    // yet: younger than the sweep, so they stay even though no record names the claim. (The
+    // pause: file times come from the kernel's coarse clock, up to a tick behind.)
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    write_unrecorded_metadata(&cluster, "late", LATE_UID);
     crashed_gate.open.notify_one();
     let new = within("new instance starts", new_start)
         .await
@@ -247,7 +284,25 @@ async fn a_rolling_update_never_undoes_or_sweeps_the_other_instances_work() {
             "the CDI spec of {} must survive the new instance's start",
             claim.name
         );
+        assert!(
+            has_metadata(&cdi_root, &claim.uid),
+            "the device metadata of {} must survive the new instance's start",
+            claim.name
+        );
     }
+    let host_dir = cluster
+        .plugins_dir()
+        .join(DRIVER)
+        .join("dra-device-metadata");
+    assert!(host_dir.join("default_during/gpu/metadata.json").exists());
+    assert!(
+        !has_metadata(&cdi_root, ORPHAN_UID) && !host_dir.join("default_orphan").exists(),
+        "the sweep removes metadata no instance records, written before it began"
+    );
+    assert!(
+        has_metadata(&cdi_root, LATE_UID) && host_dir.join("default_late/gpu/metadata.json").exists(),
+        "the sweep keeps metadata written after it began"
+    );
     assert!(!recorded.contains_key(CRASHED_UID));
     assert_eq!(
         *node.rolled_back.lock().unwrap(),
@@ -302,6 +357,7 @@ async fn a_rolling_update_never_undoes_or_sweeps_the_other_instances_work() {
     assert!(outcome.values().all(Result::is_ok), "{outcome:?}");
     for claim in [&before, &in_flight, &during] {
         assert!(!has_spec(&cdi_root, &claim.uid));
+        assert!(!has_metadata(&cdi_root, &claim.uid));
     }
     new.shutdown().await.unwrap();
 }

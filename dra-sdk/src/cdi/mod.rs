@@ -55,6 +55,7 @@ mod validate;
 mod version;
 
 pub use error::{CdiError, NameKind, SpecFormat};
+pub(crate) use files::ClaimFiles;
 pub use files::{ClaimDevice, DEFAULT_CDI_ROOT, SPEC_FILE_MODE, SpecWriter};
 pub use name::{
     Kind, QualifiedName, validate_class_name, validate_device_name, validate_vendor_name,

@@ -24,6 +24,7 @@ pub(crate) mod locks;
 mod node;
 pub mod registration;
 mod reports;
+mod sweep;
 pub mod socket;
 
 use std::net::SocketAddr;

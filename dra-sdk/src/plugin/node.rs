@@ -410,17 +410,21 @@ impl<D: Driver> NodeService<D> {
     }
 
     /// Brings state left by a previous run in line before the plugin registers: rolls back
-    /// interrupted prepares and removes CDI specs of claims no instance records.
+    /// interrupted prepares and removes CDI specs and device metadata of claims no instance
+    /// records (`plugin/sweep.rs`).
     ///
     /// Another instance may be serving the node at the same time (a rolling update), so
     /// nothing here trusts a snapshot: a `PrepareStarted` record is rolled back only when its
     /// claim's lock file is free (a live instance holds it for the whole prepare, a dead one
-    /// cannot), and re-read under that lock; a spec is removed only under its claim's lock,
-    /// after the checkpoint, re-read then, shows no instance records the claim, and only if it
-    /// was written before the sweep started. `sweep` is false when the checkpoint was not
-    /// read intact (corrupt, missing, from another boot, records unreadable): then no spec is
-    /// removed, since the kubelet may still consider those claims prepared.
+    /// cannot), and re-read under that lock; a spec or metadata file is removed only under its
+    /// claim's lock, after the checkpoint, re-read then, shows no instance records the claim,
+    /// and only if it was written before this recovery started. `sweep` is false when the
+    /// checkpoint was not read intact (corrupt, missing, from another boot, records
+    /// unreadable): then no file is removed, since the kubelet may still consider those claims
+    /// prepared.
     pub(crate) async fn recover(&self, sweep: bool) -> Result<(), CheckpointError> {
+        // Files younger than this were written by someone who decided after this start began.
+        let started = SystemTime::now();
         let records = self.checkpoint.records()?;
         for (uid, record) in &records {
             if record.state != ClaimState::PrepareStarted {
@@ -435,12 +439,10 @@ impl<D: Driver> NodeService<D> {
             self.roll_back(claim).instrument(span).await?;
         }
         if sweep {
-            self.sweep_cdi_specs();
-            self.reports
-                .sweep_metadata(|uid| self.recorded_or_busy(uid));
+            self.sweep_orphans(started);
         } else {
             tracing::warn!(
-                "the checkpoint was not read intact at start; keeping every CDI spec (claims the kubelet considers prepared keep working; unprepare removes their specs)"
+                "the checkpoint was not read intact at start; keeping every CDI spec and metadata file (claims the kubelet considers prepared keep working; unprepare removes their files)"
             );
         }
         let completed = self
@@ -496,65 +498,6 @@ impl<D: Driver> NodeService<D> {
             }
         }
         Ok(())
-    }
-
-    /// Whether a claim's files must stay in the start-up sweep: an instance records it, or
-    /// one is working on it now, or that cannot be told. (Unlike CDI specs, metadata files are
-    /// not re-checked under the claim's lock when removed; see `docs/features.md`.)
-    fn recorded_or_busy(&self, uid: &str) -> bool {
-        match self.claim_files.try_lock(uid) {
-            Ok(Some(_guard)) => !matches!(self.checkpoint.get(uid), Ok(None)),
-            Ok(None) | Err(_) => true,
-        }
-    }
-
-    /// Removes CDI specs (and temporary files) of claims that no instance records.
-    fn sweep_cdi_specs(&self) {
-        let started = SystemTime::now();
-        let files = match self.cdi.claim_files() {
-            Ok(files) => files,
-            Err(error) => {
-                tracing::warn!(%error, "listing CDI specs for the start-up sweep");
-                return;
-            }
-        };
-        let mut removed = 0usize;
-        for (uid, files) in files {
-            let _guard = match self.claim_files.try_lock(&uid) {
-                Ok(Some(guard)) => guard,
-                // Another instance is preparing or unpreparing it right now.
-                Ok(None) => continue,
-                Err(error) => {
-                    tracing::warn!(claim.uid = %uid, %error, "cannot lock the claim; keeping its CDI spec");
-                    continue;
-                }
-            };
-            // Read under the claim's lock: what another instance recorded after this start
-            // began is seen here.
-            let recorded = match self.checkpoint.get(&uid) {
-                Ok(record) => record.is_some(),
-                Err(error) => {
-                    tracing::warn!(claim.uid = %uid, %error, "cannot read the checkpoint; keeping the claim's CDI spec");
-                    continue;
-                }
-            };
-            match self
-                .cdi
-                .remove_claim_files(&uid, &files, started, !recorded)
-            {
-                Ok(true) if !recorded && !files.specs.is_empty() => removed += 1,
-                Ok(_) => {}
-                Err(error) => {
-                    tracing::warn!(claim.uid = %uid, %error, "removing an orphaned CDI spec")
-                }
-            }
-        }
-        if removed > 0 {
-            tracing::info!(
-                count = removed,
-                "removed CDI specs of claims no instance records"
-            );
-        }
     }
 
     /// Takes the batch's cross-process claim locks; on failure, the answer for every claim.

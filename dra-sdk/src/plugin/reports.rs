@@ -12,13 +12,17 @@
 //! without it, so the claim stays prepared and the failure is logged and reported as
 //! [`PluginEvent::DeviceStatusFailed`].
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use crate::checkpoint::PreparedDeviceRecord;
 use crate::context::DriverContext;
 use crate::device_status::{DeviceStatus, DeviceStatusWriter};
 use crate::driver::{Claim, ClaimRef, Driver, PluginEvent};
-use crate::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+use crate::metadata::{
+    ClaimMetadataFiles, MetadataClaim, MetadataDevice, MetadataListing, MetadataWriter,
+};
 
 /// The opted-in publishers of one plugin.
 pub(crate) struct ClaimReports {
@@ -103,18 +107,41 @@ impl ClaimReports {
             .map_err(|error| format!("removing the device metadata: {error}"))
     }
 
-    /// Removes metadata of claims `keep` rejects (by UID); logs what it cannot remove.
-    pub(crate) fn sweep_metadata(&self, keep: impl Fn(&str) -> bool) {
+    /// The metadata files on disk, for the start-up sweep; `None` for a driver that did not
+    /// opt in, or when they cannot be listed (logged: then none is removed).
+    pub(crate) fn list_metadata(&self) -> Option<MetadataListing> {
+        let writer = self.metadata.as_ref()?;
+        writer
+            .list_claims()
+            .inspect_err(|error| {
+                tracing::warn!(%error, "listing device metadata for the start-up sweep");
+            })
+            .ok()
+    }
+
+    /// Removes the listed metadata files of a claim no instance records, keeping files
+    /// modified at or after `cutoff`; whether every file is gone. The caller holds the claim's
+    /// lock.
+    pub(crate) fn remove_unrecorded_metadata(
+        &self,
+        claim_uid: &str,
+        files: &ClaimMetadataFiles,
+        cutoff: SystemTime,
+    ) -> Result<bool, String> {
         let Some(writer) = &self.metadata else {
-            return;
+            return Ok(true);
         };
-        match writer.remove_orphans(keep) {
-            Ok(removed) if !removed.is_empty() => tracing::info!(
-                count = removed.len(),
-                "removed device metadata of claims no instance records"
-            ),
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "removing orphaned device metadata"),
+        writer
+            .remove_files(claim_uid, files, Some(cutoff))
+            .map_err(|error| format!("removing orphaned device metadata: {error}"))
+    }
+
+    /// Removes metadata directories that hold no file and were last modified before `cutoff`.
+    pub(crate) fn remove_incomplete_metadata(&self, dirs: &[PathBuf], cutoff: SystemTime) {
+        if let Some(writer) = &self.metadata
+            && let Err(error) = writer.remove_incomplete(dirs, Some(cutoff))
+        {
+            tracing::warn!(%error, "removing incomplete device metadata");
         }
     }
 
