@@ -1218,6 +1218,45 @@ mod tests {
     }
 
     #[test]
+    fn the_sweep_keeps_files_younger_than_its_start() {
+        let (writer, _dirs) = writer();
+        let device = [MetadataDevice::new("gpu", "node-1", "gpu-0")];
+        let written = writer.write_claim(&claim(), &device).unwrap();
+        fs::create_dir_all(writer.host_dir().join("default_half/a")).unwrap();
+        let listing = writer.list_claims().unwrap();
+        assert_eq!(listing.claims.keys().collect::<Vec<_>>(), [UID]);
+        assert_eq!(listing.claims[UID].files.len(), 1);
+        assert_eq!(listing.claims[UID].specs.len(), 1);
+        assert_eq!(
+            listing.incomplete,
+            [writer.host_dir().join("default_half/a")]
+        );
+
+        // Written after the cutoff: kept, and so is the fresh directory without a file.
+        let long_ago = SystemTime::UNIX_EPOCH;
+        assert!(
+            !writer
+                .remove_files(UID, &listing.claims[UID], Some(long_ago))
+                .unwrap()
+        );
+        writer
+            .remove_incomplete(&listing.incomplete, Some(SystemTime::now()))
+            .unwrap();
+        assert!(written.files.iter().all(|file| file.exists()));
+        assert!(writer.host_dir().join("default_half/a").exists());
+
+        // Written before it: removed, with the directories they leave empty.
+        let later = SystemTime::now() + Duration::from_secs(1);
+        assert!(
+            writer
+                .remove_files(UID, &listing.claims[UID], Some(later))
+                .unwrap()
+        );
+        assert!(written.files.iter().all(|file| !file.exists()));
+        assert!(!writer.host_dir().join("default_gpu-claim").exists());
+    }
+
+    #[test]
     fn remove_claim_and_orphans() {
         let (writer, dirs) = writer();
         let other = MetadataClaim::new("default", "other", "11111111-2222-3333-4444-555555555555");

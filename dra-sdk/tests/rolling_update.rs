@@ -140,12 +140,16 @@ fn has_metadata(cdi_root: &Path, uid: &str) -> bool {
 
 /// Writes a claim's metadata files as an instance would, without recording the claim.
 fn write_unrecorded_metadata(cluster: &TestCluster, name: &str, uid: &str) {
-    MetadataWriter::new(DRIVER, cluster.plugins_dir().join(DRIVER), cluster.cdi_root())
-        .write_claim(
-            &MetadataClaim::new("default", name, uid),
-            &[MetadataDevice::new("gpu", NODE_NAME, "gpu-0")],
-        )
-        .unwrap();
+    MetadataWriter::new(
+        DRIVER,
+        cluster.plugins_dir().join(DRIVER),
+        cluster.cdi_root(),
+    )
+    .write_claim(
+        &MetadataClaim::new("default", name, uid),
+        &[MetadataDevice::new("gpu", NODE_NAME, "gpu-0")],
+    )
+    .unwrap();
 }
 
 fn states(cluster: &TestCluster) -> BTreeMap<String, ClaimState> {
@@ -300,7 +304,8 @@ async fn a_rolling_update_never_undoes_or_sweeps_the_other_instances_work() {
         "the sweep removes metadata no instance records, written before it began"
     );
     assert!(
-        has_metadata(&cdi_root, LATE_UID) && host_dir.join("default_late/gpu/metadata.json").exists(),
+        has_metadata(&cdi_root, LATE_UID)
+            && host_dir.join("default_late/gpu/metadata.json").exists(),
         "the sweep keeps metadata written after it began"
     );
     assert!(!recorded.contains_key(CRASHED_UID));

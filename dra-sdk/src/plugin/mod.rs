@@ -24,8 +24,8 @@ pub(crate) mod locks;
 mod node;
 pub mod registration;
 mod reports;
-mod sweep;
 pub mod socket;
+mod sweep;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -125,9 +125,19 @@ async fn metadata_reaches_the_container(
         .wait_for_container(&format!("{namespace}/reader"), "ctr", timeout)
         .await?;
     let prefix = format!("{DEFAULT_DRIVER_NAME}/metadata=");
-    let metadata_ids: Vec<&String> = devices.iter().filter(|id| id.starts_with(&prefix)).collect();
-    assert_eq!(metadata_ids.len(), 1, "CDI devices of the container: {devices:?}");
-    assert!(devices.len() >= 2, "the GPU's own device is passed too: {devices:?}");
+    let metadata_ids: Vec<&String> = devices
+        .iter()
+        .filter(|id| id.starts_with(&prefix))
+        .collect();
+    assert_eq!(
+        metadata_ids.len(),
+        1,
+        "CDI devices of the container: {devices:?}"
+    );
+    assert!(
+        devices.len() >= 2,
+        "the GPU's own device is passed too: {devices:?}"
+    );
     // `<driver>/metadata=<claim uid>_<request>`; the pod's claim and the template's request
     // are both named `dev`.
     let device_name = &metadata_ids[0][prefix.len()..];
@@ -149,7 +159,7 @@ async fn metadata_reaches_the_container(
         .status
         .and_then(|status| status.allocation)
         .and_then(|allocation| allocation.devices)
-        .map(|devices| devices.results)
+        .and_then(|devices| devices.results)
         .unwrap_or_default();
     assert_eq!(allocated.len(), 1, "{allocated:?}");
 
@@ -157,7 +167,10 @@ async fn metadata_reaches_the_container(
         "{DEFAULT_DRIVER_NAME}_metadata_{claim_uid}_dev.json"
     ));
     let spec = Spec::read_file(&spec_path)?;
-    assert_eq!(spec.kind.to_string(), format!("{DEFAULT_DRIVER_NAME}/metadata"));
+    assert_eq!(
+        spec.kind.to_string(),
+        format!("{DEFAULT_DRIVER_NAME}/metadata")
+    );
     let device = spec
         .devices
         .iter()
