@@ -53,6 +53,7 @@ use std::str::FromStr;
 
 use crate::slices::{AttributeValue, DeviceCapacity, Quantity};
 
+pub(crate) mod semantic_version;
 mod standard;
 
 pub use standard::{
@@ -123,42 +124,7 @@ impl Version {
                 length,
             });
         }
-        let (rest, build) = match text.split_once('+') {
-            Some((rest, build)) => (rest, Some(build)),
-            None => (text, None),
-        };
-        let (core, pre_release) = match rest.split_once('-') {
-            Some((core, pre_release)) => (core, Some(pre_release)),
-            None => (rest, None),
-        };
-        let mut numbers = core.split('.');
-        for _ in 0..3 {
-            let number = numbers
-                .next()
-                .ok_or_else(|| malformed("expected MAJOR.MINOR.PATCH"))?;
-            check_numeric_identifier(number).map_err(malformed)?;
-        }
-        if numbers.next().is_some() {
-            return Err(malformed("expected MAJOR.MINOR.PATCH"));
-        }
-        if let Some(pre_release) = pre_release {
-            for identifier in pre_release.split('.') {
-                check_identifier(identifier).map_err(malformed)?;
-                if identifier.bytes().all(|b| b.is_ascii_digit())
-                    && identifier.len() > 1
-                    && identifier.starts_with('0')
-                {
-                    return Err(malformed(
-                        "numeric pre-release identifiers must not have leading zeros",
-                    ));
-                }
-            }
-        }
-        if let Some(build) = build {
-            for identifier in build.split('.') {
-                check_identifier(identifier).map_err(malformed)?;
-            }
-        }
+        semantic_version::Semver::parse(text).map_err(|error| malformed(error.reason))?;
         Ok(Self(text.to_owned()))
     }
 
@@ -208,32 +174,6 @@ impl Version {
     pub fn into_string(self) -> String {
         self.0
     }
-}
-
-fn check_numeric_identifier(number: &str) -> Result<(), &'static str> {
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
-        return Err("MAJOR, MINOR and PATCH must be non-negative integers");
-    }
-    if number.len() > 1 && number.starts_with('0') {
-        return Err("MAJOR, MINOR and PATCH must not have leading zeros");
-    }
-    if number.parse::<u64>().is_err() {
-        return Err("MAJOR, MINOR and PATCH must fit in 64 bits");
-    }
-    Ok(())
-}
-
-fn check_identifier(identifier: &str) -> Result<(), &'static str> {
-    if identifier.is_empty() {
-        return Err("pre-release and build identifiers must not be empty");
-    }
-    if !identifier
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
-        return Err("pre-release and build identifiers may only contain [0-9A-Za-z-]");
-    }
-    Ok(())
 }
 
 impl fmt::Display for Version {

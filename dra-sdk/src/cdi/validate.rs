@@ -307,13 +307,7 @@ fn check_annotation_key(key: &str) -> Result<(), String> {
             name.len()
         ));
     }
-    let bytes = name.as_bytes();
-    let edges_ok = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric);
-    let middle_ok = bytes
-        .iter()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !(edges_ok && middle_ok) {
+    if crate::slices::names::label_name_part(name).is_err() {
         return Err(format!(
             "the name part {name:?} must consist of ASCII letters, digits, '-', '_' or '.', \
              and start and end with a letter or digit"
@@ -329,14 +323,7 @@ fn check_dns_subdomain(prefix: &str) -> Result<(), String> {
             prefix.len()
         ));
     }
-    let label_ok = |label: &str| {
-        let bytes = label.as_bytes();
-        let lower_alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-        bytes.first().is_some_and(lower_alnum)
-            && bytes.last().is_some_and(lower_alnum)
-            && bytes.iter().all(|b| lower_alnum(b) || *b == b'-')
-    };
-    if !prefix.split('.').all(label_ok) {
+    if crate::slices::names::dns_subdomain(prefix).is_err() {
         return Err(format!(
             "the prefix {prefix:?} must be a DNS subdomain: dot-separated labels of lowercase \
              letters, digits and '-', each starting and ending with a letter or digit"

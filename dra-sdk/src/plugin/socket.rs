@@ -19,6 +19,8 @@ use rustix::fs::Mode;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use sha2::{Digest, Sha256};
 
+use crate::slices::names::{LabelDefect, label_defect};
+
 /// Size of Linux's `sockaddr_un.sun_path`, which includes the terminating
 /// NUL: a socket path must be strictly shorter than this.
 pub const SUN_PATH_LEN: usize = 108;
@@ -277,21 +279,21 @@ fn validate_driver_name(name: &str) -> Result<(), SocketError> {
         return Err(invalid("must be at most 63 characters"));
     }
     for label in name.split('.') {
-        if label.is_empty() {
-            return Err(invalid("must not contain empty dot-separated parts"));
-        }
-        if !label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        {
-            return Err(invalid(
-                "must consist of lowercase letters, digits, '-' and '.' (a DNS subdomain)",
-            ));
-        }
-        if label.starts_with('-') || label.ends_with('-') {
-            return Err(invalid(
-                "each dot-separated part must start and end with a letter or digit",
-            ));
+        match label_defect(label) {
+            None => {}
+            Some(LabelDefect::Empty) => {
+                return Err(invalid("must not contain empty dot-separated parts"));
+            }
+            Some(LabelDefect::Character) => {
+                return Err(invalid(
+                    "must consist of lowercase letters, digits, '-' and '.' (a DNS subdomain)",
+                ));
+            }
+            Some(LabelDefect::Edge) => {
+                return Err(invalid(
+                    "each dot-separated part must start and end with a letter or digit",
+                ));
+            }
         }
     }
     Ok(())

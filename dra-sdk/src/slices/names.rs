@@ -17,22 +17,42 @@ pub(crate) const QUALIFIED_DOMAIN_MAX: usize = 63;
 
 type Rule = Result<(), &'static str>;
 
-fn is_lower_alnum(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit()
+/// What is wrong with one RFC 1123 label, in the order it is checked. Every DNS-label and
+/// DNS-subdomain check of the crate (slices, CDI annotation keys, driver names for sockets, the
+/// fake API server's object names) goes through [`label_defect`]; callers word the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LabelDefect {
+    /// The label is empty (e.g. `a..b`).
+    Empty,
+    /// A character other than a lower-case letter, a digit or `-`.
+    Character,
+    /// Starts or ends with `-`.
+    Edge,
+}
+
+/// The first defect of `label` as one RFC 1123 label, ignoring length (callers apply theirs).
+pub(crate) fn label_defect(label: &str) -> Option<LabelDefect> {
+    if label.is_empty() {
+        Some(LabelDefect::Empty)
+    } else if !label
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Some(LabelDefect::Character)
+    } else if label.starts_with('-') || label.ends_with('-') {
+        Some(LabelDefect::Edge)
+    } else {
+        None
+    }
 }
 
 /// One RFC 1123 label without a length limit (the callers apply theirs).
 fn label_chars(s: &str) -> Rule {
-    let bytes = s.as_bytes();
-    match (bytes.first(), bytes.last()) {
-        (None, _) | (_, None) => Err("must not be empty"),
-        (Some(&first), Some(&last)) if !is_lower_alnum(first) || !is_lower_alnum(last) => {
-            Err("must start and end with a lower-case letter or digit")
-        }
-        _ if !bytes.iter().all(|&b| is_lower_alnum(b) || b == b'-') => {
-            Err("may contain only lower-case letters, digits and '-'")
-        }
-        _ => Ok(()),
+    match label_defect(s) {
+        None => Ok(()),
+        Some(LabelDefect::Empty) => Err("must not be empty"),
+        Some(LabelDefect::Character) => Err("may contain only lower-case letters, digits and '-'"),
+        Some(LabelDefect::Edge) => Err("must start and end with a lower-case letter or digit"),
     }
 }
 
@@ -112,8 +132,8 @@ pub(crate) fn qualified_name(s: &str) -> Rule {
     }
 }
 
-/// The name part of a label key, or a label value (which may also be empty).
-fn label_name_part(s: &str) -> Rule {
+/// The name part of a label key (also of CDI annotation keys), or a non-empty label value.
+pub(crate) fn label_name_part(s: &str) -> Rule {
     let bytes = s.as_bytes();
     if s.len() > 63 {
         return Err("must be at most 63 characters");
@@ -150,43 +170,11 @@ pub(crate) fn label_value(s: &str) -> Rule {
     label_name_part(s)
 }
 
-/// A semantic version per semver.org 2.0.0.
+/// A semantic version per semver.org 2.0.0 (the crate's one parser, in `attributes::semantic_version`).
 pub(crate) fn semver(s: &str) -> Rule {
-    const MSG: &str = "must be a semantic version (semver 2.0.0), e.g. 1.2.3-rc.1+build.5";
-    let (rest, build) = match s.split_once('+') {
-        Some((rest, build)) => (rest, Some(build)),
-        None => (s, None),
-    };
-    let (core, pre) = match rest.split_once('-') {
-        Some((core, pre)) => (core, Some(pre)),
-        None => (rest, None),
-    };
-    let numeric = |part: &str| {
-        !part.is_empty()
-            && part.bytes().all(|b| b.is_ascii_digit())
-            && (part == "0" || !part.starts_with('0'))
-    };
-    let identifier = |part: &str| {
-        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    let core_parts: Vec<&str> = core.split('.').collect();
-    if core_parts.len() != 3 || !core_parts.iter().all(|p| numeric(p)) {
-        return Err(MSG);
-    }
-    if let Some(pre) = pre {
-        let ok = pre.split('.').all(|part| {
-            identifier(part) && (!part.bytes().all(|b| b.is_ascii_digit()) || numeric(part))
-        });
-        if !ok {
-            return Err(MSG);
-        }
-    }
-    if let Some(build) = build
-        && !build.split('.').all(identifier)
-    {
-        return Err(MSG);
-    }
-    Ok(())
+    crate::attributes::semantic_version::Semver::parse(s)
+        .map(drop)
+        .map_err(|_| "must be a semantic version (semver 2.0.0), e.g. 1.2.3-rc.1+build.5")
 }
 
 /// Width of the zero-padded slice index at the end of a slice name.

@@ -2,6 +2,8 @@
 //!
 //! The API server re-serializes quantities canonically (`1000m` comes back as `1`,
 //! `1024Mi` as `1Gi`), so the publisher compares quantities by value, not by spelling.
+//!
+//! The crate's one quantity parser: the test kit's allocator builds on [`parse_nanos`].
 
 /// A syntactically valid quantity, split into its parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,7 +17,11 @@ struct Parsed<'a> {
     exp2: u32,
 }
 
-fn parse(input: &str) -> Option<Parsed<'_>> {
+/// Splits `input` into sign, digits and suffix, or says why it is not a quantity.
+fn parse(input: &str) -> Result<Parsed<'_>, &'static str> {
+    if input.is_empty() {
+        return Err("empty");
+    }
     let (negative, rest) = match input.as_bytes().first() {
         Some(b'+') => (false, &input[1..]),
         Some(b'-') => (true, &input[1..]),
@@ -29,8 +35,11 @@ fn parse(input: &str) -> Option<Parsed<'_>> {
         Some((integer, fraction)) => (integer, fraction),
         None => (number, ""),
     };
-    if integer.is_empty() && fraction.is_empty() || fraction.contains('.') {
-        return None;
+    if integer.is_empty() && fraction.is_empty() {
+        return Err("no digits");
+    }
+    if fraction.contains('.') {
+        return Err("more than one decimal point");
     }
     let (exp10, exp2) = match suffix {
         "" => (0, 0),
@@ -50,17 +59,18 @@ fn parse(input: &str) -> Option<Parsed<'_>> {
         "Pi" => (0, 50),
         "Ei" => (0, 60),
         _ => {
-            let exponent = suffix
-                .strip_prefix('e')
-                .or_else(|| suffix.strip_prefix('E'))?;
+            let exponent = suffix.strip_prefix(['e', 'E']).ok_or("unknown suffix")?;
             let digits = exponent.strip_prefix(['+', '-']).unwrap_or(exponent);
             if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
+                return Err("malformed exponent");
             }
-            (exponent.parse::<i32>().ok()?, 0)
+            (
+                exponent.parse::<i32>().map_err(|_| "malformed exponent")?,
+                0,
+            )
         }
     };
-    Some(Parsed {
+    Ok(Parsed {
         negative,
         integer,
         fraction,
@@ -71,37 +81,58 @@ fn parse(input: &str) -> Option<Parsed<'_>> {
 
 /// Whether `input` is a valid Kubernetes quantity.
 pub(crate) fn is_valid(input: &str) -> bool {
-    parse(input).is_some()
+    parse(input).is_ok()
 }
 
 /// The value in nano-units, rounded up like the API server does, or `None` when invalid or
 /// outside the range of `i128`.
 pub(crate) fn nanos(input: &str) -> Option<i128> {
+    parse_nanos(input).ok().map(|(nanos, _)| nanos)
+}
+
+/// The value in nano-units (rounded up like the API server does) and whether it was written
+/// with a binary suffix, or why it is not a quantity (including "out of range" for values
+/// outside `i128`). The test kit's allocator builds its exact `Quantity` on this.
+pub(crate) fn parse_nanos(input: &str) -> Result<(i128, bool), &'static str> {
     let parsed = parse(input)?;
+    let out_of_range = "out of range";
     let mut mantissa: i128 = 0;
     for digit in parsed.integer.bytes().chain(parsed.fraction.bytes()) {
         mantissa = mantissa
-            .checked_mul(10)?
-            .checked_add(i128::from(digit - b'0'))?;
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(i128::from(digit - b'0')))
+            .ok_or(out_of_range)?;
     }
-    mantissa = mantissa.checked_mul(1i128.checked_shl(parsed.exp2)?)?;
-    let fraction_len = i32::try_from(parsed.fraction.len()).ok()?;
-    let scale = parsed.exp10.checked_sub(fraction_len)?.checked_add(9)?;
+    mantissa = 1i128
+        .checked_shl(parsed.exp2)
+        .and_then(|factor| mantissa.checked_mul(factor))
+        .ok_or(out_of_range)?;
+    let scale = i32::try_from(parsed.fraction.len())
+        .ok()
+        .and_then(|fraction_len| parsed.exp10.checked_sub(fraction_len))
+        .and_then(|scale| scale.checked_add(9))
+        .ok_or(out_of_range)?;
     let magnitude = if scale >= 0 {
-        mantissa.checked_mul(10i128.checked_pow(scale.unsigned_abs())?)?
+        10i128
+            .checked_pow(scale.unsigned_abs())
+            .and_then(|factor| mantissa.checked_mul(factor))
+            .ok_or(out_of_range)?
     } else {
         let divisor = 10i128.checked_pow(scale.unsigned_abs());
         match divisor {
-            // Rounds away from zero, as the API server does for sub-nano precision.
-            Some(divisor) => (mantissa + divisor - 1) / divisor,
+            // Rounds away from zero, as the API server does for sub-nano precision (a
+            // request never shrinks).
+            Some(divisor) => mantissa / divisor + i128::from(mantissa % divisor != 0),
+            // Smaller than any representable step: the smallest non-zero quantity.
             None => i128::from(mantissa != 0),
         }
     };
-    Some(if parsed.negative {
+    let nanos = if parsed.negative {
         -magnitude
     } else {
         magnitude
-    })
+    };
+    Ok((nanos, parsed.exp2 > 0))
 }
 
 /// A spelling-independent form for equality checks: the nano value where it is

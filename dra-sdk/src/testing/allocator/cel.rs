@@ -18,7 +18,7 @@ use cel::{Context, DeclarationError, Env, ExecutionError, Program, Value};
 
 use super::model;
 use super::quantity::Quantity;
-use super::semver::Semver;
+use crate::attributes::semantic_version::Semver;
 
 static QUANTITY_TYPE: Type = Type::new_unspecified_type("kubernetes.Quantity");
 static SEMVER_TYPE: Type = Type::new_unspecified_type("kubernetes.Semver");

@@ -135,7 +135,6 @@ mod model;
 mod nodes;
 mod quantity;
 mod search;
-mod semver;
 
 use std::collections::BTreeMap;
 use std::fmt;

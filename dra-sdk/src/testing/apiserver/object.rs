@@ -51,23 +51,12 @@ pub(crate) fn field_value(value: &Value, path: &str) -> String {
 
 /// RFC 1123 subdomain: what most object names must be.
 pub(crate) fn is_dns_subdomain(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 253 && name.split('.').all(is_label_chars)
+    crate::slices::names::dns_subdomain(name).is_ok()
 }
 
 /// RFC 1123 label (namespace names).
 pub(crate) fn is_dns_label(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 63 && is_label_chars(name)
-}
-
-fn is_label_chars(part: &str) -> bool {
-    let bytes = part.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    match (bytes.first(), bytes.last()) {
-        (Some(first), Some(last)) => {
-            alnum(first) && alnum(last) && bytes.iter().all(|b| alnum(b) || *b == b'-')
-        }
-        _ => false,
-    }
+    crate::slices::names::dns_label(name).is_ok()
 }
 
 /// Current time as `metav1.Time` (RFC 3339, whole seconds, UTC).

@@ -1,4 +1,6 @@
-//! Semantic versions (semver.org 2.0.0) for `version` attributes and CEL's `semver()`.
+//! The one semantic-version parser (semver.org 2.0.0) of the crate: `version` attributes
+//! ([`super::Version`]), the slice validator and the test kit's CEL `semver()` all use it, so
+//! they cannot disagree on what a version is.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -16,14 +18,18 @@ pub(crate) struct Semver {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Identifier {
-    Numeric(u64),
+    /// Digits without leading zeros, kept as text: semver puts no bound on their size.
+    Numeric(String),
     Alphanumeric(String),
 }
 
 impl Ord for Identifier {
     fn cmp(&self, other: &Self) -> Ordering {
         match (self, other) {
-            (Identifier::Numeric(a), Identifier::Numeric(b)) => a.cmp(b),
+            // Without leading zeros, the longer number is the larger one.
+            (Identifier::Numeric(a), Identifier::Numeric(b)) => {
+                a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+            }
             // Numeric identifiers have lower precedence than alphanumeric ones.
             (Identifier::Numeric(_), Identifier::Alphanumeric(_)) => Ordering::Less,
             (Identifier::Alphanumeric(_), Identifier::Numeric(_)) => Ordering::Greater,
@@ -43,26 +49,34 @@ impl PartialOrd for Identifier {
 #[error("invalid semantic version {input:?}: {reason}")]
 pub(crate) struct SemverError {
     input: String,
-    reason: &'static str,
+    /// What is wrong, without the input: callers with their own wording reuse it.
+    pub(crate) reason: &'static str,
 }
 
-fn is_identifier_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '-'
-}
-
-fn parse_number(part: &str, strict: bool, input: &str) -> Result<u64, SemverError> {
-    let error = |reason| SemverError {
-        input: input.to_owned(),
-        reason,
-    };
+/// One of MAJOR, MINOR and PATCH; `strict` rejects leading zeros.
+fn parse_number(part: &str, strict: bool) -> Result<u64, &'static str> {
     if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(error("version numbers must be digits"));
+        return Err("MAJOR, MINOR and PATCH must be non-negative integers");
     }
     if strict && part.len() > 1 && part.starts_with('0') {
-        return Err(error("version numbers must not have leading zeros"));
+        return Err("MAJOR, MINOR and PATCH must not have leading zeros");
     }
     part.parse()
-        .map_err(|_| error("version number out of range"))
+        .map_err(|_| "MAJOR, MINOR and PATCH must fit in 64 bits")
+}
+
+/// A pre-release or build identifier: non-empty `[0-9A-Za-z-]+`.
+fn check_identifier(identifier: &str) -> Result<(), &'static str> {
+    if identifier.is_empty() {
+        return Err("pre-release and build identifiers must not be empty");
+    }
+    if !identifier
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err("pre-release and build identifiers may only contain [0-9A-Za-z-]");
+    }
+    Ok(())
 }
 
 impl Semver {
@@ -74,30 +88,25 @@ impl Semver {
     /// Like [`Semver::parse`], but first normalizes the input the way Kubernetes'
     /// `semver(s, true)` does: an optional `v` prefix, missing minor or patch numbers (taken as
     /// 0) and leading zeros are accepted.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn parse_normalized(input: &str) -> Result<Self, SemverError> {
         Self::parse_with(input, true)
     }
 
     fn parse_with(input: &str, normalize: bool) -> Result<Self, SemverError> {
-        let error = |reason| SemverError {
+        Self::parse_reason(input, normalize).map_err(|reason| SemverError {
             input: input.to_owned(),
             reason,
-        };
+        })
+    }
+
+    fn parse_reason(input: &str, normalize: bool) -> Result<Self, &'static str> {
         let mut rest = input;
         if normalize {
             rest = rest.strip_prefix('v').unwrap_or(rest);
         }
         let (rest, build) = match rest.split_once('+') {
-            Some((rest, build)) => {
-                if build.is_empty()
-                    || build
-                        .split('.')
-                        .any(|id| id.is_empty() || !id.chars().all(is_identifier_char))
-                {
-                    return Err(error("malformed build metadata"));
-                }
-                (rest, Some(build.to_owned()))
-            }
+            Some((rest, build)) => (rest, Some(build)),
             None => (rest, None),
         };
         let (core, pre) = match rest.split_once('-') {
@@ -105,52 +114,58 @@ impl Semver {
             None => (rest, None),
         };
         let mut numbers = core.split('.');
-        let mut next = |required: bool| -> Result<u64, SemverError> {
+        let mut next = |required: bool| -> Result<u64, &'static str> {
             match numbers.next() {
-                Some(part) => parse_number(part, !normalize, input),
+                Some(part) => parse_number(part, !normalize),
                 None if !required => Ok(0),
-                None => Err(error("expected MAJOR.MINOR.PATCH")),
+                None => Err("expected MAJOR.MINOR.PATCH"),
             }
         };
         let major = next(true)?;
         let minor = next(!normalize)?;
         let patch = next(!normalize)?;
         if numbers.next().is_some() {
-            return Err(error("more than three version numbers"));
+            return Err("expected MAJOR.MINOR.PATCH");
         }
         let pre = match pre {
             None => Vec::new(),
             Some(pre) => pre
                 .split('.')
                 .map(|id| {
-                    if id.is_empty() || !id.chars().all(is_identifier_char) {
-                        return Err(error("malformed pre-release identifier"));
-                    }
-                    if id.bytes().all(|b| b.is_ascii_digit()) {
-                        parse_number(id, true, input).map(Identifier::Numeric)
-                    } else {
+                    check_identifier(id)?;
+                    if !id.bytes().all(|b| b.is_ascii_digit()) {
                         Ok(Identifier::Alphanumeric(id.to_owned()))
+                    } else if id.len() > 1 && id.starts_with('0') {
+                        Err("numeric pre-release identifiers must not have leading zeros")
+                    } else {
+                        Ok(Identifier::Numeric(id.to_owned()))
                     }
                 })
                 .collect::<Result<_, _>>()?,
         };
+        if let Some(build) = build {
+            build.split('.').try_for_each(check_identifier)?;
+        }
         Ok(Self {
             major,
             minor,
             patch,
             pre,
-            build,
+            build: build.map(str::to_owned),
         })
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn major(&self) -> u64 {
         self.major
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn minor(&self) -> u64 {
         self.minor
     }
 
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn patch(&self) -> u64 {
         self.patch
     }
@@ -190,7 +205,7 @@ impl fmt::Display for Semver {
         for (i, id) in self.pre.iter().enumerate() {
             f.write_str(if i == 0 { "-" } else { "." })?;
             match id {
-                Identifier::Numeric(n) => write!(f, "{n}")?,
+                Identifier::Numeric(n) => f.write_str(n)?,
                 Identifier::Alphanumeric(s) => f.write_str(s)?,
             }
         }
