@@ -6,9 +6,6 @@
 //! published as a [`RegistrationStatus`] on a watch channel so that the rest
 //! of the plugin (health reporting, readiness) can follow it.
 
-// The crate-internal pieces are used by the plugin run loop, which is wired
-// up separately; until then only the tests use them.
-
 use std::future::Future;
 use std::path::Path;
 
