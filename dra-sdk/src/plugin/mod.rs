@@ -43,6 +43,7 @@ use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::claims::{ClaimReader, ReadPolicy};
 use crate::context::{DriverContext, RecordedClaim};
 use crate::driver::{Driver, DriverError, PluginEvent};
+use crate::health::HealthSource;
 use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
@@ -395,10 +396,15 @@ impl<D: Driver> PluginBuilder<D> {
 
     /// Starts the plugin. Must be called inside a tokio runtime.
     pub async fn start(self) -> Result<KubeletPlugin, PluginError> {
-        let driver_name = self.driver_name.clone();
-        let span = tracing::info_span!("plugin", driver = %driver_name);
-        let _entered = span.enter();
+        let span = tracing::info_span!("plugin", driver = %self.driver_name);
+        self.start_steps().instrument(span).await
+    }
 
+    /// The steps of [`start`](Self::start), in order: directories, checkpoint, node service,
+    /// recovery and the driver's start, the DRA server, registration, the publisher, the HTTP
+    /// and gRPC health endpoints.
+    async fn start_steps(self) -> Result<KubeletPlugin, PluginError> {
+        let driver_name = self.driver_name.clone();
         let paths = SocketPaths::new(
             &driver_name,
             &self.registrar_dir,
@@ -410,10 +416,8 @@ impl<D: Driver> PluginBuilder<D> {
             None => default_cdi_kind(&driver_name)?,
         };
         let data_dir = self.plugins_dir.join(&driver_name);
-        std::fs::create_dir_all(&data_dir)
-            .map_err(io_error(format!("creating {}", data_dir.display())))?;
-        std::fs::create_dir_all(&self.cdi_root)
-            .map_err(io_error(format!("creating {}", self.cdi_root.display())))?;
+        create_dir(&data_dir)?;
+        create_dir(&self.cdi_root)?;
 
         let driver = Arc::new(self.driver);
         let boot_id = match self.boot_id {
@@ -468,100 +472,33 @@ impl<D: Driver> PluginBuilder<D> {
                 MetadataWriter::new(&driver_name, &data_dir, self.cdi_root.clone()),
             ),
         });
-        let startup_serial = node
-            .serialize()
-            .await
-            .map_err(io_error("taking the node-wide operation lock"))?;
-        // Sweeping CDI specs needs a checkpoint read intact: an empty one standing in for a
-        // corrupt, missing or other-boot file would name every prepared claim an orphan.
-        let sweep = report.is_clean() && !report.created;
-        node.recover(sweep).await?;
+
         // If anything below fails, the driver's background work (started in `Driver::start`)
         // must stop with the plugin that never ran.
         let cancel_on_error = context.cancellation_token().drop_guard();
-        start_driver(&driver, &context).await?;
-        drop(startup_serial);
-        let health = match driver.health() {
-            Some(source) => {
-                if driver.reports_health() {
-                    tracing::warn!(
-                        "the driver both returns a health source and reports health through its context; serving the health source, the context's device states only taint devices"
-                    );
-                }
-                Some(source)
-            }
-            None => driver.reports_health().then(|| context.health_source()),
-        };
+        recover_and_start_driver(&node, &context, &report).await?;
+        let health = health_source(driver.as_ref(), &context);
 
         let services_shutdown = CancellationToken::new();
         let registration_shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-
         // DRA service first: the kubelet may call it as soon as registration succeeds.
-        let (health_reporter, grpc_health) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<crate::proto::dra_v1::dra_plugin_server::DraPluginServer<DraV1<D>>>()
-            .await;
-        health_reporter
-            .set_serving::<crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer<DraV1beta1<D>>>()
-            .await;
-        let dra_listener = socket::bind_private(&paths.dra)?;
-        // Served even for a driver without health, though then not advertised: see
-        // `HealthService`.
-        let health_service =
-            crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                HealthService {
-                    source: health.clone(),
-                    resend_interval: self.health_resend_interval,
-                    shutdown: services_shutdown.clone(),
-                },
-            );
-        let dra_router = tonic::transport::Server::builder()
-            .add_service(
-                crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(DraV1 {
-                    node: Arc::clone(&node),
-                }),
-            )
-            .add_service(
-                crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1 {
-                    node: Arc::clone(&node),
-                }),
-            )
-            .add_service(grpc_health)
-            .add_service(health_service);
-        let dra_socket = paths.dra.display().to_string();
-        let token = services_shutdown.clone();
-        tasks.spawn(async move {
-            dra_router
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::UnixListenerStream::new(dra_listener),
-                    token.cancelled_owned(),
-                )
-                .await
-                .map_err(|source| PluginError::Server {
-                    socket: dra_socket,
-                    source,
-                })
-        });
-
+        spawn_dra_server(
+            &node,
+            &paths,
+            health.clone(),
+            self.health_resend_interval,
+            &services_shutdown,
+            &mut tasks,
+        )
+        .await?;
         // Registration second.
-        let info = registration::plugin_info(&driver_name, &paths.dra, health.is_some());
-        let (registration_service, registration) = RegistrationService::new(info);
-        let registration_listener = socket::bind_private(&paths.registration)?;
-        let registration_socket = paths.registration.display().to_string();
-        let token = registration_shutdown.clone();
-        let registration_task = tokio::spawn(async move {
-            registration::serve_registration(
-                registration_listener,
-                registration_service,
-                token.cancelled_owned(),
-            )
-            .await
-            .map_err(|source| PluginError::Server {
-                socket: registration_socket,
-                source,
-            })
-        });
+        let (registration_task, registration) = spawn_registration(
+            &driver_name,
+            &paths,
+            health.is_some(),
+            &registration_shutdown,
+        )?;
         tasks.spawn(forward_registration_events(
             registration.clone(),
             Arc::clone(&driver),
@@ -590,23 +527,16 @@ impl<D: Driver> PluginBuilder<D> {
 
         let probe = socket_probe(paths.clone());
         let http_addr = match self.http_endpoint {
-            Some(addr) => {
-                let listener = metrics::bind_http(addr)
-                    .await
-                    .map_err(io_error(format!("binding the HTTP endpoint {addr}")))?;
-                let bound = listener
-                    .local_addr()
-                    .map_err(io_error("reading the HTTP endpoint address"))?;
-                let token = services_shutdown.clone();
-                let registry = Arc::clone(&registry);
-                let probe = Arc::clone(&probe);
-                tasks.spawn(async move {
-                    metrics::serve_http(listener, registry, probe, token.cancelled_owned())
-                        .await
-                        .map_err(io_error(format!("serving HTTP on {bound}")))
-                });
-                Some(bound)
-            }
+            Some(addr) => Some(
+                spawn_http(
+                    addr,
+                    registry,
+                    Arc::clone(&probe),
+                    &services_shutdown,
+                    &mut tasks,
+                )
+                .await?,
+            ),
             None => None,
         };
         let healthcheck_addr = match self.healthcheck_port {
@@ -616,7 +546,6 @@ impl<D: Driver> PluginBuilder<D> {
             None => None,
         };
 
-        drop(_entered);
         cancel_on_error.disarm();
         Ok(KubeletPlugin {
             paths,
@@ -631,6 +560,162 @@ impl<D: Driver> PluginBuilder<D> {
             context,
         })
     }
+}
+
+fn create_dir(dir: &std::path::Path) -> Result<(), PluginError> {
+    std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))
+}
+
+/// Rolls back what an earlier instance left half-done and hands the driver its context and
+/// the prepared claims, all under the node-wide operation lock (when the driver asked for
+/// serialization), so another instance's prepare is never seen half-done.
+async fn recover_and_start_driver<D: Driver>(
+    node: &NodeService<D>,
+    context: &DriverContext,
+    report: &crate::checkpoint::OpenReport,
+) -> Result<(), PluginError> {
+    let startup_serial = node
+        .serialize()
+        .await
+        .map_err(io_error("taking the node-wide operation lock"))?;
+    // Sweeping CDI specs needs a checkpoint read intact: an empty one standing in for a
+    // corrupt, missing or other-boot file would name every prepared claim an orphan.
+    let sweep = report.is_clean() && !report.created;
+    node.recover(sweep).await?;
+    start_driver(&node.driver, context).await?;
+    drop(startup_serial);
+    Ok(())
+}
+
+/// The health source the plugin serves: the driver's own, else its context's device states
+/// when the driver reports health through them.
+fn health_source<D: Driver>(driver: &D, context: &DriverContext) -> Option<HealthSource> {
+    match driver.health() {
+        Some(source) => {
+            if driver.reports_health() {
+                tracing::warn!(
+                    "the driver both returns a health source and reports health through its context; serving the health source, the context's device states only taint devices"
+                );
+            }
+            Some(source)
+        }
+        None => driver.reports_health().then(|| context.health_source()),
+    }
+}
+
+/// Binds the DRA socket and serves both DRA API versions, the gRPC health service and the
+/// resource-health stream on it until `shutdown`.
+async fn spawn_dra_server<D: Driver>(
+    node: &Arc<NodeService<D>>,
+    paths: &SocketPaths,
+    health: Option<HealthSource>,
+    resend_interval: Duration,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<Result<(), PluginError>>,
+) -> Result<(), PluginError> {
+    let (health_reporter, grpc_health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<crate::proto::dra_v1::dra_plugin_server::DraPluginServer<DraV1<D>>>()
+        .await;
+    health_reporter
+        .set_serving::<crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer<DraV1beta1<D>>>()
+        .await;
+    let dra_listener = socket::bind_private(&paths.dra)?;
+    // Served even for a driver without health, though then not advertised: see
+    // `HealthService`.
+    let health_service =
+        crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+            HealthService {
+                source: health,
+                resend_interval,
+                shutdown: shutdown.clone(),
+            },
+        );
+    let dra_router = tonic::transport::Server::builder()
+        .add_service(
+            crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(DraV1 {
+                node: Arc::clone(node),
+            }),
+        )
+        .add_service(
+            crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1 {
+                node: Arc::clone(node),
+            }),
+        )
+        .add_service(grpc_health)
+        .add_service(health_service);
+    let dra_socket = paths.dra.display().to_string();
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        dra_router
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::UnixListenerStream::new(dra_listener),
+                token.cancelled_owned(),
+            )
+            .await
+            .map_err(|source| PluginError::Server {
+                socket: dra_socket,
+                source,
+            })
+    });
+    Ok(())
+}
+
+/// The registration server's task and the receiver of the kubelet's verdicts.
+type Registration = (
+    tokio::task::JoinHandle<Result<(), PluginError>>,
+    watch::Receiver<RegistrationStatus>,
+);
+
+/// Binds the registration socket and serves `GetInfo` and the kubelet's verdicts on it until
+/// `shutdown`.
+fn spawn_registration(
+    driver_name: &str,
+    paths: &SocketPaths,
+    serves_health: bool,
+    shutdown: &CancellationToken,
+) -> Result<Registration, PluginError> {
+    let info = registration::plugin_info(driver_name, &paths.dra, serves_health);
+    let (registration_service, registration) = RegistrationService::new(info);
+    let registration_listener = socket::bind_private(&paths.registration)?;
+    let registration_socket = paths.registration.display().to_string();
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        registration::serve_registration(
+            registration_listener,
+            registration_service,
+            token.cancelled_owned(),
+        )
+        .await
+        .map_err(|source| PluginError::Server {
+            socket: registration_socket,
+            source,
+        })
+    });
+    Ok((task, registration))
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` until `shutdown`; the address actually bound.
+async fn spawn_http(
+    addr: SocketAddr,
+    registry: Arc<Mutex<prometheus_client::registry::Registry>>,
+    probe: HealthProbe,
+    shutdown: &CancellationToken,
+    tasks: &mut JoinSet<Result<(), PluginError>>,
+) -> Result<SocketAddr, PluginError> {
+    let listener = metrics::bind_http(addr)
+        .await
+        .map_err(io_error(format!("binding the HTTP endpoint {addr}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(io_error("reading the HTTP endpoint address"))?;
+    let token = shutdown.clone();
+    tasks.spawn(async move {
+        metrics::serve_http(listener, registry, probe, token.cancelled_owned())
+            .await
+            .map_err(io_error(format!("serving HTTP on {bound}")))
+    });
+    Ok(bound)
 }
 
 /// Hands the driver its context, then the claims prepared before this start. Runs before the
