@@ -56,7 +56,9 @@
 //! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
 //! - [`rate_limit`]: the client-side limit of API requests (`--kube-api-qps`/`--kube-api-burst`);
-//! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`).
+//! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`);
+//! - [`advanced`]: the generated gRPC bindings, the `:authority` rewriter and the socket
+//!   helpers, for tools that speak the kubelet's protocols themselves.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -74,9 +76,12 @@ pub mod health;
 pub mod metadata;
 mod metrics;
 pub mod plugin;
-pub mod proto;
 pub mod rate_limit;
 pub mod slices;
+
+pub mod advanced;
+// The generated bindings live in `advanced`; the crate's own code names them `crate::proto`.
+pub(crate) use advanced::proto;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -84,8 +89,8 @@ pub mod testing;
 pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Default kubelet plugins directory (the plugin's sockets and data go to `<dir>/<driver>`).
 pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
-/// Default CDI spec directory: per boot (tmpfs) on most nodes.
-pub const DEFAULT_CDI_ROOT: &str = "/var/run/cdi";
+// One public path for it: `cdi::DEFAULT_CDI_ROOT`, next to the spec writer.
+pub(crate) use cdi::DEFAULT_CDI_ROOT;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]

@@ -4,7 +4,7 @@
 mod cdi_common;
 
 use dra_sdk::cdi::{
-    ClaimDevice, ContainerEdits, Device, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt,
+    CdiDevice, ClaimDevice, ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt,
     Kind, Mount, NetDevice, QualifiedName, Spec, SpecWriter,
 };
 use proptest::prelude::*;
@@ -377,7 +377,7 @@ proptest! {
         let edits = build(&ops);
         let json = serde_json::to_vec(&edits).unwrap();
         prop_assert_eq!(serde_json::from_slice::<ContainerEdits>(&json).unwrap(), edits.clone());
-        let device = Device::new("d", edits);
+        let device = CdiDevice::new("d", edits);
         let spec = Spec::new("vendor.com/class".parse().unwrap()).device(device);
         let reparsed = Spec::parse_unvalidated(&spec.to_json().unwrap()).unwrap();
         prop_assert_eq!(reparsed, spec);
@@ -393,7 +393,7 @@ proptest! {
     #[test]
     fn merging_never_lowers_the_minimum_version(a in ops(), b in ops()) {
         let kind: Kind = "vendor.com/class".parse().unwrap();
-        let version = |edits: ContainerEdits| Spec::new(kind.clone()).device(Device::new("d", edits)).minimum_version();
+        let version = |edits: ContainerEdits| Spec::new(kind.clone()).device(CdiDevice::new("d", edits)).minimum_version();
         let (ea, eb) = (build(&a), build(&b));
         // Intel RDT settings are replaced, not merged: `a`'s would be lost.
         prop_assume!(ea.intel_rdt.is_none() || eb.intel_rdt.is_none());

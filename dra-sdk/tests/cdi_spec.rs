@@ -4,8 +4,8 @@ mod cdi_common;
 
 use cdi_common::{assert_schema_valid, fixture_files, schema_validators};
 use dra_sdk::cdi::{
-    CdiError, ClaimDevice, ContainerEdits, Device, DeviceNode, Hook, HookName, IntelRdt, Kind,
-    Mount, NetDevice, Spec, SpecWriter, Version,
+    CdiDevice, CdiError, CdiVersion, ClaimDevice, ContainerEdits, DeviceNode, Hook, HookName,
+    IntelRdt, Kind, Mount, NetDevice, Spec, SpecWriter,
 };
 
 #[test]
@@ -47,7 +47,7 @@ fn minimal_fixture_reads_as_expected() {
         "cdi-schema/schema/testdata/good/minimal.json",
     ))
     .unwrap();
-    let expected = Spec::new("vendor.com/device".parse().unwrap()).device(Device::new(
+    let expected = Spec::new("vendor.com/device".parse().unwrap()).device(CdiDevice::new(
         "myDevice",
         ContainerEdits::new().device_node(DeviceNode::new("/dev/card1")),
     ));
@@ -71,7 +71,7 @@ fn own_good_fixtures_parse_validate_and_match_the_schema() {
 fn nvidia_like_yaml_reads_field_by_field() {
     let spec = Spec::read_file(cdi_common::fixture("cdi/good/nvidia-like.yaml")).unwrap();
     assert_eq!(spec.kind.to_string(), "nvidia.com/gpu");
-    assert_eq!(spec.minimum_version(), Version::V0_5_0);
+    assert_eq!(spec.minimum_version(), CdiVersion::V0_5_0);
     assert_eq!(spec.devices[0].name, "0");
     let hooks = &spec.container_edits.hooks;
     assert_eq!(hooks.len(), 3);
@@ -232,13 +232,13 @@ fn relaxed_where_the_reference_is() {
 }
 
 /// One spec per feature that raises the minimum version, with the version it needs.
-fn version_cases() -> Vec<(&'static str, Spec, Version)> {
+fn version_cases() -> Vec<(&'static str, Spec, CdiVersion)> {
     let kind: Kind = "vendor.com/class".parse().unwrap();
     let env = || ContainerEdits::new().env("A", "1");
-    let one = |edits: ContainerEdits| Spec::new(kind.clone()).device(Device::new("dev", edits));
+    let one = |edits: ContainerEdits| Spec::new(kind.clone()).device(CdiDevice::new("dev", edits));
     let spec_level = |edits: ContainerEdits| one(env()).container_edits(edits);
     vec![
-        ("nothing versioned", one(env()), Version::V0_3_0),
+        ("nothing versioned", one(env()), CdiVersion::V0_3_0),
         (
             "device nodes, hooks, uid/gid, permissions",
             one(env()
@@ -253,107 +253,107 @@ fn version_cases() -> Vec<(&'static str, Spec, Version)> {
                 )
                 .hook(Hook::new(HookName::Prestart, "/h").env("A", "1").timeout(3))
                 .mount(Mount::new("/a", "/b").option("ro"))),
-            Version::V0_3_0,
+            CdiVersion::V0_3_0,
         ),
         (
             "mount type",
             one(env().mount(Mount::new("tmpfs", "/b").mount_type("tmpfs"))),
-            Version::V0_4_0,
+            CdiVersion::V0_4_0,
         ),
         (
             "spec-level mount type",
             spec_level(ContainerEdits::new().mount(Mount::new("tmpfs", "/b").mount_type("tmpfs"))),
-            Version::V0_4_0,
+            CdiVersion::V0_4_0,
         ),
         (
             "device node hostPath",
             one(ContainerEdits::new().device_node(DeviceNode::new("/dev/x").host_path("/dev/y"))),
-            Version::V0_5_0,
+            CdiVersion::V0_5_0,
         ),
         (
             "spec-level hostPath",
             spec_level(
                 ContainerEdits::new().device_node(DeviceNode::new("/dev/x").host_path("/dev/y")),
             ),
-            Version::V0_5_0,
+            CdiVersion::V0_5_0,
         ),
         (
             "device name starting with a digit",
-            Spec::new(kind.clone()).device(Device::new("0", env())),
-            Version::V0_5_0,
+            Spec::new(kind.clone()).device(CdiDevice::new("0", env())),
+            CdiVersion::V0_5_0,
         ),
         (
             "spec annotations",
             one(env()).annotation("a", "b"),
-            Version::V0_6_0,
+            CdiVersion::V0_6_0,
         ),
         (
             "device annotations",
-            Spec::new(kind.clone()).device(Device::new("dev", env()).annotation("a", "b")),
-            Version::V0_6_0,
+            Spec::new(kind.clone()).device(CdiDevice::new("dev", env()).annotation("a", "b")),
+            CdiVersion::V0_6_0,
         ),
         (
             "dot in the class",
-            Spec::new("vendor.com/cl.ass".parse().unwrap()).device(Device::new("dev", env())),
-            Version::V0_6_0,
+            Spec::new("vendor.com/cl.ass".parse().unwrap()).device(CdiDevice::new("dev", env())),
+            CdiVersion::V0_6_0,
         ),
         (
             "empty intelRdt",
             one(ContainerEdits::new().intel_rdt(IntelRdt::new())),
-            Version::V0_7_0,
+            CdiVersion::V0_7_0,
         ),
         (
             "intelRdt closID",
             one(ContainerEdits::new()
                 .intel_rdt(IntelRdt::new().clos_id("c").enable_monitoring(false))),
-            Version::V0_7_0,
+            CdiVersion::V0_7_0,
         ),
         (
             "additionalGids",
             one(ContainerEdits::new().additional_gid(44)),
-            Version::V0_7_0,
+            CdiVersion::V0_7_0,
         ),
         (
             "spec-level additionalGids",
             spec_level(ContainerEdits::new().additional_gid(44)),
-            Version::V0_7_0,
+            CdiVersion::V0_7_0,
         ),
         (
             "netDevices",
             one(ContainerEdits::new().net_device(NetDevice::new("h", "n"))),
-            Version::V1_1_0,
+            CdiVersion::V1_1_0,
         ),
         (
             "spec-level netDevices",
             spec_level(ContainerEdits::new().net_device(NetDevice::new("h", "n"))),
-            Version::V1_1_0,
+            CdiVersion::V1_1_0,
         ),
         (
             "intelRdt schemata",
             one(ContainerEdits::new().intel_rdt(IntelRdt::new().schemata(["L3:0=f"]))),
-            Version::V1_1_0,
+            CdiVersion::V1_1_0,
         ),
         (
             "explicitly empty intelRdt schemata",
             one(ContainerEdits::new().intel_rdt(IntelRdt::new().schemata(Vec::<String>::new()))),
-            Version::V1_1_0,
+            CdiVersion::V1_1_0,
         ),
         (
             "intelRdt enableMonitoring",
             one(ContainerEdits::new().intel_rdt(IntelRdt::new().enable_monitoring(true))),
-            Version::V1_1_0,
+            CdiVersion::V1_1_0,
         ),
         (
             "the newest feature wins",
             Spec::new(kind.clone())
                 .annotation("a", "b")
-                .device(Device::new(
+                .device(CdiDevice::new(
                     "0",
                     ContainerEdits::new()
                         .mount(Mount::new("tmpfs", "/b").mount_type("tmpfs"))
                         .additional_gid(1),
                 )),
-            Version::V0_7_0,
+            CdiVersion::V0_7_0,
         ),
     ]
 }
@@ -365,14 +365,14 @@ fn minimum_version_for_each_feature() {
         assert_eq!(spec.minimum_version(), expected, "{feature}");
 
         // Declaring exactly the minimum, or anything newer, is valid.
-        for declared in Version::ALL.into_iter().filter(|v| *v >= expected) {
+        for declared in CdiVersion::ALL.into_iter().filter(|v| *v >= expected) {
             spec.clone()
                 .version(declared)
                 .validate()
                 .unwrap_or_else(|err| panic!("{feature} at {declared}: {err}"));
         }
         // Declaring anything lower is an error that names the requirement.
-        for declared in Version::ALL.into_iter().filter(|v| *v < expected) {
+        for declared in CdiVersion::ALL.into_iter().filter(|v| *v < expected) {
             match spec.clone().version(declared).validate() {
                 Err(CdiError::VersionTooLow {
                     declared: d,
@@ -381,7 +381,7 @@ fn minimum_version_for_each_feature() {
                 }) => {
                     assert_eq!(
                         (d, required),
-                        (declared, expected.max(Version::EARLIEST)),
+                        (declared, expected.max(CdiVersion::EARLIEST)),
                         "{feature}"
                     );
                 }
@@ -419,7 +419,7 @@ fn writer_declares_the_minimum_version() {
             &[ClaimDevice::new("dev", env.clone())],
         )
         .unwrap();
-    assert_eq!(read_version(&plain, "claim"), Version::V0_3_0);
+    assert_eq!(read_version(&plain, "claim"), CdiVersion::V0_3_0);
     // A UUID claim UID may start with a digit, which makes every device name start with one.
     plain
         .write_claim(
@@ -428,7 +428,7 @@ fn writer_declares_the_minimum_version() {
             &[ClaimDevice::new("dev", env.clone())],
         )
         .unwrap();
-    assert_eq!(read_version(&plain, "4b3e6c5e"), Version::V0_5_0);
+    assert_eq!(read_version(&plain, "4b3e6c5e"), CdiVersion::V0_5_0);
     // Common edits count.
     plain
         .write_claim(
@@ -437,7 +437,7 @@ fn writer_declares_the_minimum_version() {
             &[ClaimDevice::new("dev", env.clone())],
         )
         .unwrap();
-    assert_eq!(read_version(&plain, "claim"), Version::V0_7_0);
+    assert_eq!(read_version(&plain, "claim"), CdiVersion::V0_7_0);
     plain
         .write_claim(
             "claim",
@@ -448,7 +448,7 @@ fn writer_declares_the_minimum_version() {
             )],
         )
         .unwrap();
-    assert_eq!(read_version(&plain, "claim"), Version::V1_1_0);
+    assert_eq!(read_version(&plain, "claim"), CdiVersion::V1_1_0);
 
     let dotted = SpecWriter::new(dir.path(), "vendor.com/cl.ass".parse().unwrap());
     dotted
@@ -458,5 +458,5 @@ fn writer_declares_the_minimum_version() {
             &[ClaimDevice::new("dev", env)],
         )
         .unwrap();
-    assert_eq!(read_version(&dotted, "claim"), Version::V0_6_0);
+    assert_eq!(read_version(&dotted, "claim"), CdiVersion::V0_6_0);
 }

@@ -241,8 +241,8 @@ mod raw {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use dra_sdk::proto::pluginregistration as reg;
-    use dra_sdk::proto::{dra_v1, dra_v1beta1};
+    use dra_sdk::advanced::proto::pluginregistration as reg;
+    use dra_sdk::advanced::proto::{dra_v1, dra_v1beta1};
     use dra_sdk::tonic::{self, Request, Response, Status};
     use futures::TryStreamExt;
     use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -462,7 +462,7 @@ mod raw {
                 // simulator, which sends the same percent-encoded `:authority`).
                 .serve_with_incoming(
                     tokio_stream::wrappers::UnixListenerStream::new(registration_listener)
-                        .map_ok(dra_sdk::plugin::authority::AuthorityRewriteStream::new),
+                        .map_ok(dra_sdk::advanced::AuthorityRewriteStream::new),
                 ),
         );
         registration

@@ -4,7 +4,7 @@
 //! [`ContainerEdits`] a driver returns from prepare into a spec file the runtime reads, and the
 //! fully qualified device names (`vendor/class=name`) the kubelet hands to it.
 //!
-//! - [`Spec`], [`Device`], [`ContainerEdits`], [`DeviceNode`], [`Mount`], [`Hook`],
+//! - [`Spec`], [`CdiDevice`], [`ContainerEdits`], [`DeviceNode`], [`Mount`], [`Hook`],
 //!   [`IntelRdt`], [`NetDevice`]: the spec document up to cdiVersion 1.1.0, with the exact JSON
 //!   names; strict JSON and YAML parsing ([`Spec::parse`]).
 //! - [`Kind`] (`vendor/class`) and [`QualifiedName`] (`vendor/class=name`).
@@ -16,7 +16,7 @@
 //!   unprepare, swept for orphans at start.
 //!
 //! ```
-//! use dra_sdk::cdi::{ClaimDevice, ContainerEdits, DeviceNode, Spec, SpecWriter, Version};
+//! use dra_sdk::cdi::{CdiVersion, ClaimDevice, ContainerEdits, DeviceNode, Spec, SpecWriter};
 //!
 //! # let dir = tempfile::tempdir()?;
 //! let writer = SpecWriter::new(dir.path(), "gpu.example.com/gpu".parse()?);
@@ -27,7 +27,7 @@
 //! assert_eq!(ids[0].to_string(), "gpu.example.com/gpu=claim-uid-1-gpu-0");
 //!
 //! let spec = Spec::read_file(writer.spec_path("claim-uid-1")?)?;
-//! assert_eq!(spec.version, Version::V0_5_0); // hostPath needs 0.5.0
+//! assert_eq!(spec.version, CdiVersion::V0_5_0); // hostPath needs 0.5.0
 //! writer.remove_claim("claim-uid-1")?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -60,9 +60,14 @@ pub use files::{ClaimDevice, DEFAULT_CDI_ROOT, SPEC_FILE_MODE, SpecWriter};
 pub use name::{
     Kind, QualifiedName, validate_class_name, validate_device_name, validate_vendor_name,
 };
+// `CdiDevice` and `CdiVersion`, not `Device` and `Version`: `slices::Device` and
+// `attributes::Version` are other things, and a driver imports both modules.
 pub use spec::{
-    ContainerEdits, Device, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt, Mount, NetDevice,
-    Spec,
+    ContainerEdits, Device as CdiDevice, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt,
+    Mount, NetDevice, Spec,
 };
 pub use validate::MAX_ANNOTATIONS_SIZE;
-pub use version::Version;
+pub use version::Version as CdiVersion;
+// The short names inside the crate, where no other `Device` or `Version` is in scope.
+pub(crate) use spec::Device;
+pub(crate) use version::Version;

@@ -131,11 +131,11 @@ impl Spec {
     /// [`Version::EARLIEST`].
     ///
     /// ```
-    /// use dra_sdk::cdi::{ContainerEdits, Device, DeviceNode, Spec, Version};
+    /// use dra_sdk::cdi::{CdiDevice, CdiVersion, ContainerEdits, DeviceNode, Spec};
     ///
     /// let edits = ContainerEdits::new().device_node(DeviceNode::new("/dev/x").host_path("/dev/y"));
-    /// let spec = Spec::new("vendor.com/class".parse()?).device(Device::new("a", edits));
-    /// assert_eq!(spec.minimum_version(), Version::V0_5_0); // because of hostPath
+    /// let spec = Spec::new("vendor.com/class".parse()?).device(CdiDevice::new("a", edits));
+    /// assert_eq!(spec.minimum_version(), CdiVersion::V0_5_0); // because of hostPath
     /// # Ok::<(), dra_sdk::cdi::CdiError>(())
     /// ```
     pub fn minimum_version(&self) -> Version {

@@ -153,7 +153,7 @@ impl From<AuthorityError> for io::Error {
 /// # Example
 ///
 /// ```no_run
-/// use dra_sdk::plugin::authority::AuthorityRewriteStream;
+/// use dra_sdk::advanced::AuthorityRewriteStream;
 /// use futures::TryStreamExt;
 /// use tokio_stream::wrappers::UnixListenerStream;
 ///

@@ -17,14 +17,14 @@
 //! service goes away, then stops everything else. ResourceSlices are left in place: the
 //! kubelet wipes them if the plugin stays away, and a restarted plugin finds them unchanged.
 
-pub mod authority;
+pub(crate) mod authority;
 mod client;
 mod dra;
 pub(crate) mod locks;
 mod node;
-pub mod registration;
+mod registration;
 mod reports;
-pub mod socket;
+pub(crate) mod socket;
 mod sweep;
 
 use std::net::SocketAddr;
@@ -51,13 +51,12 @@ use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
 #[cfg(feature = "testing")]
 pub(crate) use client::unix_channel;
 pub use registration::RegistrationStatus;
-pub use socket::SocketPaths;
+pub use socket::{SocketError, SocketPaths};
 
 use self::dra::{DraV1, DraV1beta1, HealthService};
 use self::locks::ClaimLocks;
 use self::node::NodeService;
 use self::registration::RegistrationService;
-use self::socket::SocketError;
 
 /// Why the plugin could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

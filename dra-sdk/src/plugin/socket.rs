@@ -23,7 +23,7 @@ use crate::slices::names::{LabelDefect, label_defect};
 
 /// Size of Linux's `sockaddr_un.sun_path`, which includes the terminating
 /// NUL: a socket path must be strictly shorter than this.
-pub const SUN_PATH_LEN: usize = 108;
+pub(crate) const SUN_PATH_LEN: usize = 108;
 
 /// Longest DRA driver name the API server accepts.
 const DRIVER_NAME_MAX_LEN: usize = 63;
@@ -137,7 +137,7 @@ pub enum SocketError {
 ///
 /// ```
 /// use std::path::Path;
-/// use dra_sdk::plugin::socket::SocketPaths;
+/// use dra_sdk::plugin::SocketPaths;
 ///
 /// let paths = SocketPaths::new(
 ///     "gpu.example.com",
@@ -147,7 +147,7 @@ pub enum SocketError {
 /// )?;
 /// assert_eq!(paths.registration, Path::new("/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock"));
 /// assert_eq!(paths.dra, Path::new("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"));
-/// # Ok::<(), dra_sdk::plugin::socket::SocketError>(())
+/// # Ok::<(), dra_sdk::plugin::SocketError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketPaths {
@@ -333,8 +333,8 @@ fn validate_pod_uid(pod_uid: &str) -> Result<(), SocketError> {
 /// # Example
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), dra_sdk::plugin::socket::SocketError> {
-/// let listener = dra_sdk::plugin::socket::bind_private(
+/// # async fn demo() -> Result<(), dra_sdk::plugin::SocketError> {
+/// let listener = dra_sdk::advanced::bind_private(
 ///     std::path::Path::new("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"),
 /// )?;
 /// # drop(listener);
@@ -433,10 +433,10 @@ fn remove_if_stale(path: &Path) -> Result<(), SocketError> {
 /// # Example
 ///
 /// ```no_run
-/// dra_sdk::plugin::socket::remove_socket(std::path::Path::new(
+/// dra_sdk::advanced::remove_socket(std::path::Path::new(
 ///     "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock",
 /// ))?;
-/// # Ok::<(), dra_sdk::plugin::socket::SocketError>(())
+/// # Ok::<(), dra_sdk::plugin::SocketError>(())
 /// ```
 pub fn remove_socket(path: &Path) -> Result<(), SocketError> {
     let remove_error = |source: io::Error| SocketError::Remove {

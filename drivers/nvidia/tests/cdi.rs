@@ -8,7 +8,7 @@ use std::path::Path;
 use dra_driver_nvidia::cdi::{CdiEdits, CdiError};
 use dra_driver_nvidia::config::IommuBackendPolicy;
 use dra_driver_nvidia::host::Host as _;
-use dra_sdk::cdi::{ContainerEdits, Device, Spec};
+use dra_sdk::cdi::{CdiDevice, ContainerEdits, Spec};
 use fixture::*;
 use serde_json::{Value, json};
 
@@ -40,7 +40,7 @@ fn assert_valid_spec(common: &ContainerEdits, devices: &[(&str, ContainerEdits)]
     let mut spec =
         Spec::new("k8s.gpu.nvidia.com/claim".parse().unwrap()).container_edits(common.clone());
     for (name, edits) in devices {
-        spec = spec.device(Device::new(*name, edits.clone()));
+        spec = spec.device(CdiDevice::new(*name, edits.clone()));
     }
     let version = spec.minimum_version();
     let spec = spec.version(version);
