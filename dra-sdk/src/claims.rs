@@ -17,6 +17,13 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 
 pub(crate) mod wire;
+
+/// Not part of the API: the claim reader's v1beta1 conversion, shared with `dractl` so that
+/// the tool and the plugin read old claims the same way.
+#[doc(hidden)]
+pub mod __private {
+    pub use super::wire::nest_v1beta1_requests;
+}
 use wire::{ClaimVersion, DiscoveryError, Fetched};
 
 use crate::config::{ConfigError, ConfigRegistry};

@@ -144,19 +144,22 @@ pub(crate) fn to_v1(
     mut claim: Value,
 ) -> Result<ResourceClaim, serde_json::Error> {
     if version == ResourceApiVersion::V1beta1 {
-        let requests = claim
-            .pointer_mut("/spec/devices/requests")
-            .and_then(Value::as_array_mut);
-        for request in requests.into_iter().flatten() {
-            if let Some(request) = request.as_object_mut() {
-                nest_exact_request(request);
-            }
-        }
+        nest_v1beta1_requests(claim.pointer_mut("/spec/devices/requests"));
     }
     if let Some(object) = claim.as_object_mut() {
         object.insert("apiVersion".to_owned(), Value::from("resource.k8s.io/v1"));
     }
     serde_json::from_value(claim)
+}
+
+/// Converts the v1beta1 `DeviceRequest` array `requests` (of a claim, or of a claim template's
+/// claim spec) to the v1 shape. `dractl` converts the files it reads with this too.
+pub fn nest_v1beta1_requests(requests: Option<&mut Value>) {
+    for request in requests.and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(request) = request.as_object_mut() {
+            nest_exact_request(request);
+        }
+    }
 }
 
 /// v1beta1 writes a request's fields inline; v1 nests them under `exactly`, except for a

@@ -4,12 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
+use dra_sdk::claims::__private::nest_v1beta1_requests;
 use dra_sdk::slices::ResourceApiVersion;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 const GROUP: &str = "resource.k8s.io";
 
@@ -295,9 +296,9 @@ pub(crate) fn to_v1(mut value: Value) -> Result<Value, (String, String, String)>
                     }
                 }
             }
-            "ResourceClaim" => wrap_requests(value.pointer_mut("/spec/devices/requests")),
+            "ResourceClaim" => nest_v1beta1_requests(value.pointer_mut("/spec/devices/requests")),
             "ResourceClaimTemplate" => {
-                wrap_requests(value.pointer_mut("/spec/spec/devices/requests"));
+                nest_v1beta1_requests(value.pointer_mut("/spec/spec/devices/requests"));
             }
             _ => {}
         },
@@ -313,43 +314,6 @@ pub(crate) fn to_v1(mut value: Value) -> Result<Value, (String, String, String)>
         fields.insert("apiVersion".into(), Value::String(format!("{GROUP}/v1")));
     }
     Ok(value)
-}
-
-/// v1beta1 requests are flat: what v1 has under `exactly` sits in the request itself.
-fn wrap_requests(requests: Option<&mut Value>) {
-    const EXACT_FIELDS: [&str; 7] = [
-        "deviceClassName",
-        "selectors",
-        "allocationMode",
-        "count",
-        "adminAccess",
-        "tolerations",
-        "capacity",
-    ];
-    let Some(Value::Array(requests)) = requests else {
-        return;
-    };
-    for request in requests {
-        let Some(fields) = request.as_object_mut() else {
-            continue;
-        };
-        if fields.contains_key("exactly") {
-            continue;
-        }
-        let mut exactly = Map::new();
-        for name in EXACT_FIELDS {
-            if let Some(field) = fields.remove(name) {
-                exactly.insert(name.to_owned(), field);
-            }
-        }
-        let first_available = fields
-            .get("firstAvailable")
-            .and_then(Value::as_array)
-            .is_some_and(|subrequests| !subrequests.is_empty());
-        if !first_available {
-            fields.insert("exactly".into(), Value::Object(exactly));
-        }
-    }
 }
 
 /// The newest `resource.k8s.io` version the server serves, by discovery.
