@@ -122,7 +122,7 @@ pub(crate) async fn serve_registration(
 /// the DRA socket as endpoint and the services it serves.
 ///
 /// `endpoint` is converted lossily if it is not UTF-8; paths from
-/// [`SocketPaths`](crate::plugin::socket::SocketPaths) always are.
+/// [`SocketPaths`](crate::plugin::SocketPaths) always are.
 pub(crate) fn plugin_info(driver_name: &str, endpoint: &Path, with_health: bool) -> PluginInfo {
     let mut supported_versions: Vec<String> = DRA_SERVICE_VERSIONS
         .iter()
