@@ -86,6 +86,13 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
 }
 
 fn prepare(c: &mut Criterion) {
+    // `RUST_LOG=dra_sdk::timing=debug` prints the plugin's time per step of each batch.
+    if let Ok(filter) = std::env::var("RUST_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let runtime = Runtime::new().expect("runtime");
     let bench = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start())));
 

@@ -41,6 +41,15 @@ async fn detached<T: Send + 'static>(
     batch: impl std::future::Future<Output = T> + Send + 'static,
 ) -> Result<T, Status> {
     use tracing::Instrument as _;
+    let spawned = std::time::Instant::now();
+    let batch = async move {
+        tracing::debug!(
+            target: "dra_sdk::timing",
+            queued_us = spawned.elapsed().as_micros() as u64,
+            "batch task started"
+        );
+        batch.await
+    };
     tokio::spawn(batch.instrument(tracing::Span::current()))
         .await
         .map_err(|error| Status::internal(format!("the batch task failed: {error}")))

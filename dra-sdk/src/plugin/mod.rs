@@ -451,9 +451,9 @@ impl<D: Driver> PluginBuilder<D> {
         } else {
             None
         };
-        let claims_dir = data_dir.join("claims");
-        let claim_files = locks::ClaimFileLocks::new(claims_dir.clone())
-            .map_err(io_error(format!("creating {}", claims_dir.display())))?;
+        let claims_lock = data_dir.join("claims.lock");
+        let claim_files = locks::ClaimFileLocks::open(claims_lock.clone())
+            .map_err(io_error(format!("opening {}", claims_lock.display())))?;
         let node = Arc::new(NodeService {
             registry: driver.config_registry(),
             driver: Arc::clone(&driver),
