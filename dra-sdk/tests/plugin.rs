@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord};
+use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
@@ -413,6 +413,51 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
     // Only the two good claims reached the driver; failed ones left no spec behind.
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 2);
     assert_eq!(cdi_files(&s.cluster).len(), 2);
+}
+
+#[tokio::test]
+async fn claims_that_fail_before_the_driver_leave_no_checkpoint_record() {
+    // The intent is recorded while claims are read; a claim that then fails to read is
+    // removed again, unless an earlier attempt had recorded it (that attempt's driver call
+    // may have left work for a rollback).
+    let s = setup().await;
+    let good = gpu_claim(&s.cluster, "good", &["gpu-0"]).await;
+    let missing = |uid: &str, name: &str| ClaimRef {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: name.into(),
+    };
+    let never_seen = missing("00000000-0000-0000-0000-00000000000a", "never-seen");
+    let tried_before = missing("00000000-0000-0000-0000-00000000000b", "tried-before");
+    let data_dir = s.cluster.plugins_dir().join(DRIVER);
+    let (checkpoint, _) = Checkpoint::open(&data_dir, BOOT_ID).unwrap();
+    checkpoint
+        .update([ClaimChange::Put {
+            uid: tried_before.uid.clone(),
+            record: ClaimRecord::started("default", "tried-before"),
+        }])
+        .unwrap();
+
+    let batch = [good.clone(), never_seen.clone(), tried_before.clone()];
+    let result = s.kubelet.prepare(&batch).await.unwrap();
+    assert!(result[&good.uid].is_ok());
+    assert!(result[&never_seen.uid].is_err());
+    assert!(result[&tried_before.uid].is_err());
+    let records = checkpoint.records().unwrap();
+    assert!(records[&good.uid].is_completed());
+    assert!(!records.contains_key(&never_seen.uid), "{records:?}");
+    assert_eq!(records[&tried_before.uid].state, ClaimState::PrepareStarted);
+
+    // A batch in which nothing reaches the driver.
+    let alone = missing("00000000-0000-0000-0000-00000000000c", "alone");
+    let result = s
+        .kubelet
+        .prepare(std::slice::from_ref(&alone))
+        .await
+        .unwrap();
+    assert!(result[&alone.uid].is_err());
+    assert!(!checkpoint.records().unwrap().contains_key(&alone.uid));
+    assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

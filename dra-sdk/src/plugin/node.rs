@@ -5,9 +5,11 @@
 //! whole batch, while claims inside a phase run concurrently:
 //!
 //! 1. lock the batch's claim UIDs (sorted, so overlapping batches cannot deadlock), in this
-//!    process and in the claim lock files every instance on the node shares;
-//! 2. serve already prepared claims from the checkpoint; GET the others, all at once;
-//! 3. record `PrepareStarted` for the claims about to be prepared (one write);
+//!    process and in the claim lock file every instance on the node shares;
+//! 2. serve already prepared claims from the checkpoint;
+//! 3. GET the others, all at once, while `PrepareStarted` is recorded for them (one write,
+//!    overlapping the reads, the slowest step; claims that fail to read or resolve and had
+//!    no earlier record are removed again with the last write);
 //! 4. call the driver and write each claim's CDI spec (and device metadata, for a driver that
 //!    opted in), concurrently;
 //! 5. record `PrepareCompleted` for the claims that succeeded (one write);
@@ -68,16 +70,6 @@ pub(crate) struct NodeService<D: Driver> {
     pub(crate) reports: ClaimReports,
 }
 
-/// What phase 2 found out about a claim.
-enum Loaded<C> {
-    /// Prepared before: answer from the checkpoint.
-    Done(Vec<PreparedDeviceRecord>),
-    /// Read and resolved: call the driver.
-    Ready(Claim<C>),
-    /// Failed before the driver was involved.
-    Failed(&'static str, String),
-}
-
 impl<D: Driver> NodeService<D> {
     pub(crate) async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, PrepareResult> {
         let claims = unique_by_uid(claims);
@@ -93,31 +85,81 @@ impl<D: Driver> NodeService<D> {
         };
         steps.mark("lock");
 
-        let loaded = join_all(claims.iter().map(|claim| {
-            let span = claim_span("load", &self.driver_name, claim);
-            self.load(claim.clone()).instrument(span)
-        }))
-        .await;
-        steps.mark("read");
-
+        // Claims the checkpoint already answers need no read. For the others, the intent is
+        // recorded while they are read: the read is the slowest step of a prepare, and the
+        // record only has to precede the driver's side effects, not the read.
         let mut results = BTreeMap::new();
-        let mut ready = Vec::new();
-        for (claim, loaded) in claims.iter().zip(loaded) {
-            match loaded {
-                Loaded::Done(devices) => {
-                    results.insert(claim.uid.clone(), Ok(devices));
+        let mut to_read = Vec::new();
+        for claim in &claims {
+            match self.checkpoint.get(&claim.uid) {
+                Ok(Some(record)) if record.is_completed() => {
+                    tracing::debug!(claim = %claim, "claim already prepared, answering from the checkpoint");
+                    results.insert(claim.uid.clone(), Ok(record.devices));
                 }
-                Loaded::Ready(resolved) => ready.push(resolved),
-                Loaded::Failed(kind, message) => {
+                Ok(record) => to_read.push((claim, record.is_some())),
+                Err(error) => {
+                    self.metrics.claim_error(Operation::Prepare, "checkpoint");
+                    results.insert(
+                        claim.uid.clone(),
+                        Err(format!("reading the checkpoint: {error}")),
+                    );
+                }
+            }
+        }
+        if to_read.is_empty() {
+            return results;
+        }
+        let started = to_read
+            .iter()
+            .map(|(claim, _)| ClaimChange::Put {
+                uid: claim.uid.clone(),
+                record: started_record(claim),
+            })
+            .collect();
+        let (recorded, loaded) = tokio::join!(
+            self.write_checkpoint(started),
+            join_all(to_read.iter().map(|(claim, _)| {
+                let span = claim_span("load", &self.driver_name, claim);
+                self.load((*claim).clone()).instrument(span)
+            }))
+        );
+        steps.mark("read_and_record_started");
+        if let Err(error) = recorded {
+            for (claim, _) in to_read {
+                self.metrics.claim_error(Operation::Prepare, "checkpoint");
+                results.insert(
+                    claim.uid.clone(),
+                    Err(format!("recording the claim in the checkpoint: {error}")),
+                );
+            }
+            return results;
+        }
+
+        let mut ready = Vec::new();
+        // Records of this batch's intent for claims that failed before the driver saw them:
+        // removed with the batch's last write. A record from an earlier attempt stays, since
+        // that attempt's driver call may have left work to roll back.
+        let mut never_started = Vec::new();
+        for ((claim, had_record), loaded) in to_read.iter().zip(loaded) {
+            match loaded {
+                Ok(resolved) => ready.push(resolved),
+                Err((kind, message)) => {
                     self.metrics.claim_error(Operation::Prepare, kind);
                     results.insert(claim.uid.clone(), Err(message));
+                    if !had_record {
+                        never_started.push(ClaimChange::Remove {
+                            uid: claim.uid.clone(),
+                        });
+                    }
                 }
             }
         }
         if ready.is_empty() {
+            self.forget_never_started(never_started).await;
             return results;
         }
-        // Serialized mode: from the first record to the last, no other batch on the node runs.
+        // Serialized mode: from the driver's first side effect to the last record, no other
+        // batch on the node runs.
         let _serial = match self.serialize().await {
             Ok(guard) => guard,
             Err(error) => {
@@ -125,28 +167,10 @@ impl<D: Driver> NodeService<D> {
                     self.metrics.claim_error(Operation::Prepare, "lock");
                     results.insert(claim.claim.uid.clone(), Err(error.to_string()));
                 }
+                self.forget_never_started(never_started).await;
                 return results;
             }
         };
-
-        // Record the intent before any side effect, so a crash in the driver leaves a trace
-        // that the next start rolls back.
-        let started = ready.iter().map(|claim| ClaimChange::Put {
-            uid: claim.claim.uid.clone(),
-            record: started_record(&claim.claim),
-        });
-        let recorded = self.write_checkpoint(started.collect()).await;
-        steps.mark("record_started");
-        if let Err(error) = recorded {
-            for claim in ready {
-                self.metrics.claim_error(Operation::Prepare, "checkpoint");
-                results.insert(
-                    claim.claim.uid.clone(),
-                    Err(format!("recording the claim in the checkpoint: {error}")),
-                );
-            }
-            return results;
-        }
 
         let prepared = join_all(ready.iter().map(|claim| {
             let span = claim_span("prepare", &self.driver_name, &claim.claim);
@@ -177,7 +201,10 @@ impl<D: Driver> NodeService<D> {
                 }
             }
         }
-        if !completed.is_empty() {
+        if completed.is_empty() {
+            self.forget_never_started(never_started).await;
+        } else {
+            completed.extend(never_started);
             let recorded = self.write_checkpoint(completed).await;
             steps.mark("record_completed");
             match recorded {
@@ -212,24 +239,26 @@ impl<D: Driver> NodeService<D> {
         results
     }
 
-    async fn load(&self, claim: ClaimRef) -> Loaded<D::Config> {
-        match self.checkpoint.get(&claim.uid) {
-            Ok(Some(record)) if record.is_completed() => {
-                tracing::debug!("claim already prepared, answering from the checkpoint");
-                return Loaded::Done(record.devices);
-            }
-            Ok(_) => {}
-            Err(error) => {
-                return Loaded::Failed("checkpoint", format!("reading the checkpoint: {error}"));
-            }
+    /// Reads a claim from the API server and resolves it for the driver.
+    async fn load(&self, claim: ClaimRef) -> Result<Claim<D::Config>, (&'static str, String)> {
+        let object = self
+            .reader
+            .read(&claim)
+            .await
+            .map_err(|error| (error.kind(), error.to_string()))?;
+        claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
+            .map_err(|error| (error.kind(), error.to_string()))
+    }
+
+    /// Removes the intent records of claims that failed before the driver saw them. Best
+    /// effort: a record left behind is rolled back (a no-op for the driver) at the next start,
+    /// or removed by the claim's unprepare.
+    async fn forget_never_started(&self, changes: Vec<ClaimChange>) {
+        if changes.is_empty() {
+            return;
         }
-        let object = match self.reader.read(&claim).await {
-            Ok(object) => object,
-            Err(error) => return Loaded::Failed(error.kind(), error.to_string()),
-        };
-        match claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry) {
-            Ok(resolved) => Loaded::Ready(resolved),
-            Err(error) => Loaded::Failed(error.kind(), error.to_string()),
+        if let Err(error) = self.write_checkpoint(changes).await {
+            tracing::warn!(%error, "removing the records of claims that were never prepared");
         }
     }
 
