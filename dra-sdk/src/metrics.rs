@@ -195,15 +195,37 @@ struct HttpState {
     probe: HealthProbe,
 }
 
-/// Serves `/metrics` (Prometheus text format) and `/healthz` on an already bound listener.
+/// Where the metrics are served unless the driver picks another path.
+pub(crate) const DEFAULT_METRICS_PATH: &str = "/metrics";
+
+/// Checks a metrics path before it reaches the router, which panics on paths it cannot route
+/// (no leading `/`, `{}` captures, a clash with `/healthz`).
+pub(crate) fn check_metrics_path(path: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.');
+    if !path.starts_with('/') || path.len() < 2 || !path.chars().all(allowed) {
+        return Err(format!(
+            "metrics path {path:?}: must start with '/' and use only letters, digits and '/-_.'"
+        ));
+    }
+    if path.trim_end_matches('/') == "/healthz" {
+        return Err(format!(
+            "metrics path {path:?}: /healthz is the health check"
+        ));
+    }
+    Ok(())
+}
+
+/// Serves the metrics (Prometheus text format) at `metrics_path` and `/healthz` on an already
+/// bound listener. `metrics_path` has passed [`check_metrics_path`].
 pub(crate) async fn serve_http(
     listener: tokio::net::TcpListener,
+    metrics_path: &str,
     registry: Arc<Mutex<Registry>>,
     probe: HealthProbe,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
-        .route("/metrics", get(metrics_handler))
+        .route(metrics_path, get(metrics_handler))
         .route("/healthz", get(healthz_handler))
         .with_state(HttpState { registry, probe });
     axum::serve(listener, app)
@@ -265,5 +287,27 @@ async fn healthz_handler(State(state): State<HttpState>) -> impl IntoResponse {
     match (state.probe)().await {
         Ok(()) => (StatusCode::OK, "ok".to_string()),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error),
+    }
+}
+
+#[cfg(test)]
+mod path_tests {
+    #[test]
+    fn metrics_paths_are_checked_before_routing() {
+        for good in ["/metrics", "/custom/metrics", "/nvidia_dra-metrics.v1"] {
+            assert_eq!(super::check_metrics_path(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "/",
+            "metrics",
+            "/m etrics",
+            "/{id}",
+            "/*rest",
+            "/healthz",
+            "/healthz/",
+        ] {
+            assert!(super::check_metrics_path(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -841,6 +841,40 @@ async fn healthz_and_metrics_are_served_over_http() {
 }
 
 #[tokio::test]
+async fn metrics_are_served_at_the_chosen_path_and_bad_paths_fail_the_start() {
+    let cluster = TestCluster::start().await.unwrap();
+    let plugin = cluster
+        .plugin(Arc::new(TestDriver::default()), DRIVER)
+        .http_endpoint("127.0.0.1:0".parse().unwrap())
+        .metrics_path("/custom/metrics")
+        .start()
+        .await
+        .unwrap();
+    let addr = plugin.http_addr().unwrap();
+    let (status, body) = http_get(addr, "/custom/metrics").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("dra_prepared_claims"), "{body}");
+    assert_eq!(http_get(addr, "/metrics").await.0, 404);
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    plugin.shutdown().await.unwrap();
+
+    for bad in ["metrics", "/healthz", "/{id}"] {
+        let error = cluster
+            .plugin(Arc::new(TestDriver::default()), DRIVER)
+            .http_endpoint("127.0.0.1:0".parse().unwrap())
+            .metrics_path(bad)
+            .start()
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+        assert!(
+            matches!(error, dra_sdk::plugin::PluginError::InvalidSetting(ref m) if m.contains("metrics path")),
+            "{bad:?}: {error}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn shutdown_removes_both_sockets() {
     let s = setup().await;
     let paths = s.plugin.socket_paths().clone();

@@ -149,6 +149,7 @@ pub struct PluginBuilder<D: Driver> {
     pod_uid: Option<String>,
     boot_id: Option<String>,
     http_endpoint: Option<SocketAddr>,
+    metrics_path: String,
     healthcheck_port: Option<u16>,
     resources: Option<DriverResources>,
     health_resend_interval: Duration,
@@ -186,6 +187,7 @@ impl KubeletPlugin {
             pod_uid: None,
             boot_id: None,
             http_endpoint: None,
+            metrics_path: metrics::DEFAULT_METRICS_PATH.to_owned(),
             healthcheck_port: None,
             resources: None,
             health_resend_interval: Duration::from_secs(10),
@@ -337,6 +339,15 @@ impl<D: Driver> PluginBuilder<D> {
         self
     }
 
+    /// Serves the metrics at this path of the HTTP endpoint instead of `/metrics` (upstream
+    /// drivers' `--metrics-path`). The path must start with `/`, use only letters, digits and
+    /// `/ - _ .`, and not be `/healthz`; [`start`](Self::start) fails with
+    /// [`PluginError::InvalidSetting`] otherwise.
+    pub fn metrics_path(mut self, path: impl Into<String>) -> Self {
+        self.metrics_path = path.into();
+        self
+    }
+
     /// Serves the gRPC health service on this TCP port (0 picks one).
     pub fn healthcheck_port(mut self, port: u16) -> Self {
         self.healthcheck_port = Some(port);
@@ -403,6 +414,8 @@ impl<D: Driver> PluginBuilder<D> {
     /// recovery and the driver's start, the DRA server, registration, the publisher, the HTTP
     /// and gRPC health endpoints.
     async fn start_steps(self) -> Result<KubeletPlugin, PluginError> {
+        // Settings first: a start that fails later has already bound sockets.
+        metrics::check_metrics_path(&self.metrics_path).map_err(PluginError::InvalidSetting)?;
         let driver_name = self.driver_name.clone();
         let paths = SocketPaths::new(
             &driver_name,
@@ -529,6 +542,7 @@ impl<D: Driver> PluginBuilder<D> {
             Some(addr) => Some(
                 spawn_http(
                     addr,
+                    &self.metrics_path,
                     registry,
                     Arc::clone(&probe),
                     &services_shutdown,
@@ -694,9 +708,10 @@ fn spawn_registration(
     Ok((task, registration))
 }
 
-/// Serves `/metrics` and `/healthz` on `addr` until `shutdown`; the address actually bound.
+/// Serves the metrics and `/healthz` on `addr` until `shutdown`; the address actually bound.
 async fn spawn_http(
     addr: SocketAddr,
+    metrics_path: &str,
     registry: Arc<Mutex<prometheus_client::registry::Registry>>,
     probe: HealthProbe,
     shutdown: &CancellationToken,
@@ -709,10 +724,17 @@ async fn spawn_http(
         .local_addr()
         .map_err(io_error("reading the HTTP endpoint address"))?;
     let token = shutdown.clone();
+    let metrics_path = metrics_path.to_owned();
     tasks.spawn(async move {
-        metrics::serve_http(listener, registry, probe, token.cancelled_owned())
-            .await
-            .map_err(io_error(format!("serving HTTP on {bound}")))
+        metrics::serve_http(
+            listener,
+            &metrics_path,
+            registry,
+            probe,
+            token.cancelled_owned(),
+        )
+        .await
+        .map_err(io_error(format!("serving HTTP on {bound}")))
     });
     Ok(bound)
 }

@@ -62,6 +62,7 @@ async fn main() -> Result<()> {
         KubeletPlugin::builder(plugin.driver.clone(), DRIVER_NAME, &node_name, client)
             .args(&cli.plugin)?
             .cdi_kind(cdi_kind().context("the CDI kind")?)
+            .metrics_path(&cli.nvidia.metrics_path)
             // Dynamic MIG: no other plugin instance on the node (a rolling update) may create
             // an instance while this one's start-up clean-up looks for orphans.
             .serialize_operations(plugin.driver.serializes_operations())

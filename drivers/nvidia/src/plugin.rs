@@ -105,8 +105,8 @@ pub struct NvidiaArgs {
     #[arg(long, env = "IMAGE_NAME")]
     pub image_name: Option<String>,
 
-    /// HTTP path of the Prometheus metrics on --http-endpoint. The SDK serves them at
-    /// `/metrics` only: any other path is refused at start (not silently ignored).
+    /// HTTP path of the Prometheus metrics on --http-endpoint (letters, digits and `/-_.`,
+    /// starting with `/`, not `/healthz`; anything else is refused at start).
     #[arg(long, env = "METRICS_PATH", default_value = METRICS_PATH)]
     pub metrics_path: String,
 
@@ -211,15 +211,6 @@ pub enum SetupError {
     /// `--consumable-shares` does not parse.
     #[error(transparent)]
     ConsumableSharesValue(#[from] ConsumableSharesError),
-    /// `--metrics-path` other than [`METRICS_PATH`].
-    #[error(
-        "--metrics-path={path}: the SDK serves metrics at {METRICS_PATH} only; a custom path is not \
-         implemented yet (leave the flag and METRICS_PATH unset)"
-    )]
-    MetricsPath {
-        /// The path given.
-        path: String,
-    },
     /// `--image-name` is empty or not an image reference.
     #[error(
         "--image-name={value:?}: not an image reference (e.g. registry.example.com/gpu-kubelet-plugin:0.1.0)"
@@ -307,11 +298,6 @@ impl NvidiaPlugin {
             .find(|gate| gates.is_enabled(*gate))
         {
             return Err(SetupError::UnimplementedGate { gate: gate.name() });
-        }
-        if args.metrics_path != METRICS_PATH {
-            return Err(SetupError::MetricsPath {
-                path: args.metrics_path.clone(),
-            });
         }
         if let Some(image) = &args.image_name {
             if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
@@ -737,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn metrics_path_and_image_name_are_checked() {
+    fn metrics_path_and_image_name_are_read() {
         let cli = parse(&["--mock-profile", "workstation"]).unwrap();
         assert_eq!(cli.nvidia.metrics_path, "/metrics");
         assert_eq!(cli.nvidia.image_name, None);
@@ -752,13 +738,10 @@ mod tests {
         ])
         .unwrap();
         NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        // Any path is the SDK's to check when the HTTP endpoint starts (tests/plugin.rs).
         let cli = parse(&["--mock-profile", "workstation", "--metrics-path", "/m"]).unwrap();
-        let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
-        assert!(matches!(error, SetupError::MetricsPath { .. }), "{error}");
-        assert!(
-            error.to_string().starts_with("--metrics-path=/m:"),
-            "{error}"
-        );
+        assert_eq!(cli.nvidia.metrics_path, "/m");
+        NvidiaPlugin::from_args(&cli.nvidia).unwrap();
         let cli = parse(&["--mock-profile", "workstation", "--image-name", "a b"]).unwrap();
         let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
         assert!(error.to_string().starts_with("--image-name="), "{error}");
