@@ -25,7 +25,7 @@
 //!
 //! struct Gpus;
 //!
-//! #[async_trait::async_trait]
+//! #[dra_sdk::async_trait]
 //! impl Driver for Gpus {
 //!     type Config = ();
 //!

@@ -36,7 +36,7 @@ use crate::health::HealthSource;
 ///
 /// struct MyDriver;
 ///
-/// #[async_trait::async_trait]
+/// #[dra_sdk::async_trait]
 /// impl Driver for MyDriver {
 ///     type Config = ();
 ///

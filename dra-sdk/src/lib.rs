@@ -14,7 +14,7 @@
 //!
 //! struct Echo;
 //!
-//! #[async_trait::async_trait]
+//! #[dra_sdk::async_trait]
 //! impl Driver for Echo {
 //!     type Config = ();
 //!
@@ -100,7 +100,13 @@ pub struct ReadmeDoctests;
 // Versions of the crates in the public API, so drivers can use exactly these.
 pub use k8s_openapi;
 pub use kube;
+pub use prometheus_client;
 pub use tonic;
+
+/// The attribute that implements [`Driver`](driver::Driver)'s async methods:
+/// `#[dra_sdk::async_trait]` on the `impl`, with no dependency on `async-trait` of the
+/// driver's own.
+pub use async_trait::async_trait;
 
 /// Derive macros, documented in their traits' modules.
 pub use dra_sdk_derive::{DeviceAttributes, OpaqueConfig};

@@ -38,7 +38,7 @@
 //!
 //! struct NicDriver;
 //!
-//! #[async_trait::async_trait]
+//! #[dra_sdk::async_trait]
 //! impl Driver for NicDriver {
 //!     type Config = ();
 //!     fn device_metadata(&self) -> bool {

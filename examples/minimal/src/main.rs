@@ -56,7 +56,7 @@ impl ConfigHooks for AcceleratorConfig {
 /// The driver: no node state, so unprepare has nothing to undo (the SDK removes CDI specs).
 struct MinimalDriver;
 
-#[async_trait::async_trait]
+#[dra_sdk::async_trait]
 impl Driver for MinimalDriver {
     type Config = AcceleratorConfig;
 

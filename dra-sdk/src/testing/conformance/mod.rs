@@ -27,7 +27,7 @@
 //!
 //! struct MyDriver;
 //!
-//! #[async_trait::async_trait]
+//! #[dra_sdk::async_trait]
 //! impl Driver for MyDriver {
 //!     type Config = ();
 //!     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
