@@ -105,6 +105,32 @@ async fn sdk_driver_passes_the_e2e_suite() {
     plugin.shutdown().await.unwrap();
 }
 
+/// Kubelets hard-code their device-plugin socket path; each kubelet of the cluster serves it in
+/// a folder of its own node (the harness's private mount), so two nodes on one machine never
+/// race for it (one lost with "address already in use" in CI).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kubelet_has_its_own_device_plugin_socket() {
+    let Some(cluster) = cluster().await else {
+        return;
+    };
+    if !rustix::process::geteuid().is_root() || !std::path::Path::new("/usr/bin/unshare").exists() {
+        eprintln!("e2e: not root or no unshare: kubelets share the host's device-plugin folder");
+        return;
+    }
+    for node in cluster.nodes() {
+        let socket = node.device_plugins_dir().join("kubelet.sock");
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while !socket.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} never appeared",
+                socket.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 /// Waits for registration number `seen + 1` of `driver` by the node's kubelet and checks
 /// that the kubelet chose the v1 DRA service.
 async fn registered_v1(node: &KubeletNode, driver: &str, seen: usize) -> Registration {

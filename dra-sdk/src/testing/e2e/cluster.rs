@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::node::{KubeletNode, NodePorts};
 use super::pki::{Authority, CertFiles, Usage};
-use super::process::{ManagedProcess, Spawner};
+use super::process::{ManagedProcess, PrivateMount, Spawner};
 use super::{Binaries, E2eError, ENV_KEEP, FEATURE_GATES, api_error, io_error};
 use crate::driver::Driver;
 use crate::plugin::{KubeletPlugin, PluginBuilder};
@@ -567,6 +567,17 @@ impl RealCluster {
         self.spawn_program(name, &self.binaries.path(binary), args)
     }
 
+    /// [`spawn`](Self::spawn) in a mount namespace of its own, with `mounts` private to it.
+    pub(crate) fn spawn_with_mounts(
+        &self,
+        name: &str,
+        binary: &str,
+        args: &[String],
+        mounts: &[PrivateMount],
+    ) -> Result<ManagedProcess, E2eError> {
+        self.start(name, &self.binaries.path(binary), args, mounts)
+    }
+
     /// Starts any program (a driver's plugin binary, say) under the cluster's supervision: it
     /// is stopped when the returned handle or the cluster is dropped, and killed with the
     /// test process. Its output goes to `logs/<name>.log` in the cluster's folder.
@@ -576,11 +587,21 @@ impl RealCluster {
         program: &Path,
         args: &[String],
     ) -> Result<ManagedProcess, E2eError> {
+        self.start(name, program, args, &[])
+    }
+
+    fn start(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        mounts: &[PrivateMount],
+    ) -> Result<ManagedProcess, E2eError> {
         let work = self.dir.path.join("work").join(name);
         std::fs::create_dir_all(&work).map_err(io_error(format!("creating {}", work.display())))?;
         let log = self.log_path(name);
         self.spawner
-            .spawn(name, program, args, &work, &log)
+            .spawn(name, program, args, &work, &log, mounts)
             .map_err(io_error(format!("starting {}", program.display())))
     }
 

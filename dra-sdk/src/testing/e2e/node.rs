@@ -10,8 +10,11 @@ use kube::Api;
 use super::cluster::{RealCluster, http_get_ok};
 use super::cri::CriLog;
 use super::pki::Usage;
-use super::process::ManagedProcess;
+use super::process::{ManagedProcess, PrivateMount};
 use super::{E2eError, io_error};
+
+/// Where every kubelet puts its device-plugin registration socket, whatever its `--root-dir`.
+const KUBELET_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 
 /// Ports of one kubelet.
 pub(crate) struct NodePorts {
@@ -175,7 +178,17 @@ featureGates:
         while !socket.exists() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let kubelet = cluster.spawn(&format!("kubelet-{name}"), "kubelet", &args)?;
+        // The device-plugin socket path is fixed in the kubelet: give each kubelet its own.
+        let device_plugins = PrivateMount {
+            source: node.device_plugins_dir(),
+            target: PathBuf::from(KUBELET_DEVICE_PLUGINS),
+        };
+        let kubelet = cluster.spawn_with_mounts(
+            &format!("kubelet-{name}"),
+            "kubelet",
+            &args,
+            &[device_plugins],
+        )?;
         node.lock().kubelet = Some(kubelet);
         Ok(node)
     }
@@ -228,6 +241,16 @@ featureGates:
     /// What the CRI double was asked to do on this node.
     pub fn cri_log(&self) -> CriLog {
         CriLog::new(self.cri_log_path())
+    }
+
+    /// The kubelet's device-plugin directory, where it serves the device-plugin registration
+    /// socket. Kubelets hard-code `/var/lib/kubelet/device-plugins`; the harness gives each
+    /// kubelet this folder in its place (a bind mount in a mount namespace of the kubelet's
+    /// own), so kubelets of several nodes and clusters on one machine do not fight over it.
+    /// Where it cannot (not root, or no `unshare`), the kubelet uses the host path and this
+    /// folder stays empty.
+    pub fn device_plugins_dir(&self) -> PathBuf {
+        self.root.join("device-plugins")
     }
 
     /// The kubelet's log file.

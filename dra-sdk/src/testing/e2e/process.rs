@@ -8,6 +8,12 @@
 //! is a thread of its own, not the caller's, because a test's thread ends with the test while
 //! a cluster shared by the tests of one binary lives on. Where `setpriv` is missing, children
 //! are still terminated on drop, and [`pdeath_signal_supported`] says so.
+//!
+//! A process can also get [`PrivateMount`]s: it then runs in a mount namespace of its own in
+//! which a folder of the cluster is bind-mounted over a fixed host path. The kubelet needs this:
+//! its device-plugin registration socket is always `/var/lib/kubelet/device-plugins/kubelet.sock`,
+//! whatever `--root-dir` says, so two kubelets on one machine (two nodes, or two clusters of
+//! concurrent tests) would race for it, and the loser exits with "address already in use".
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, SeekFrom};
@@ -25,6 +31,57 @@ const SETPRIV: &str = "/usr/bin/setpriv";
 /// Whether children get a parent-death signal (`setpriv` is installed).
 pub fn pdeath_signal_supported() -> bool {
     Path::new(SETPRIV).exists()
+}
+
+/// A host path that one process sees replaced by a folder of the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PrivateMount {
+    /// The cluster's folder that is mounted (created if missing).
+    pub(crate) source: PathBuf,
+    /// The fixed host path it hides (created if missing; nothing else on the host changes).
+    pub(crate) target: PathBuf,
+}
+
+/// Where `unshare` (util-linux, like `setpriv`) is looked for.
+const UNSHARE: &str = "/usr/bin/unshare";
+
+/// Runs in the new mount namespace: bind-mounts each `source target` pair given before `--`,
+/// then becomes the program after it (same process, so signals and the parent-death signal
+/// reach the component itself). Paths are arguments, never spliced into the script.
+const MOUNT_THEN_EXEC: &str = r#"while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 125; shift 2; done; shift; exec "$@""#;
+
+/// The program and arguments that start `program` with `mounts` private to it: through
+/// `unshare --mount` when this process may create mount namespaces (root, as in CI and on the
+/// development machines) and `unshare` is installed; otherwise `program` itself, which then
+/// uses the host paths as it would outside the harness.
+fn with_private_mounts(
+    program: &Path,
+    args: &[String],
+    mounts: &[PrivateMount],
+) -> std::io::Result<(PathBuf, Vec<String>)> {
+    let isolate =
+        !mounts.is_empty() && rustix::process::geteuid().is_root() && Path::new(UNSHARE).exists();
+    if !isolate {
+        return Ok((program.to_owned(), args.to_owned()));
+    }
+    let mut wrapped: Vec<String> = ["--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    wrapped.push(MOUNT_THEN_EXEC.to_owned());
+    wrapped.push("sh".to_owned());
+    for mount in mounts {
+        // Both must exist for the bind mount; creating the host path changes nothing else
+        // (the kubelet would create it itself).
+        std::fs::create_dir_all(&mount.source)?;
+        std::fs::create_dir_all(&mount.target)?;
+        wrapped.push(mount.source.display().to_string());
+        wrapped.push(mount.target.display().to_string());
+    }
+    wrapped.push("--".to_owned());
+    wrapped.push(program.display().to_string());
+    wrapped.extend(args.iter().cloned());
+    Ok((PathBuf::from(UNSHARE), wrapped))
 }
 
 type SpawnReply = mpsc::Sender<std::io::Result<Child>>;
@@ -53,7 +110,8 @@ impl Spawner {
         })
     }
 
-    /// Starts `program` with `args` in `work_dir`, output appended to `log`.
+    /// Starts `program` with `args` in `work_dir`, output appended to `log`, with `mounts`
+    /// private to it (see the module docs).
     pub(crate) fn spawn(
         &self,
         name: &str,
@@ -61,22 +119,24 @@ impl Spawner {
         args: &[String],
         work_dir: &Path,
         log: &Path,
+        mounts: &[PrivateMount],
     ) -> std::io::Result<ManagedProcess> {
         let out = File::options().create(true).append(true).open(log)?;
         let err = out.try_clone()?;
+        let (launched, launch_args) = with_private_mounts(program, args, mounts)?;
         let mut command = if pdeath_signal_supported() {
             let mut command = Command::new(SETPRIV);
             command
                 .arg("--pdeathsig")
                 .arg("KILL")
                 .arg("--")
-                .arg(program);
+                .arg(&launched);
             command
         } else {
-            Command::new(program)
+            Command::new(&launched)
         };
         command
-            .args(args)
+            .args(&launch_args)
             .current_dir(work_dir)
             .stdin(Stdio::null())
             .stdout(out)
@@ -95,6 +155,7 @@ impl Spawner {
             args: args.to_owned(),
             work_dir: work_dir.to_owned(),
             log: log.to_owned(),
+            mounts: mounts.to_vec(),
             child: Some(child),
         })
     }
@@ -117,6 +178,7 @@ pub struct ManagedProcess {
     args: Vec<String>,
     work_dir: PathBuf,
     log: PathBuf,
+    mounts: Vec<PrivateMount>,
     child: Option<Child>,
 }
 
@@ -189,6 +251,7 @@ impl ManagedProcess {
             &self.args,
             &self.work_dir,
             &self.log,
+            &self.mounts,
         )?;
         *self = fresh;
         Ok(())
