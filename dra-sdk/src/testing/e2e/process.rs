@@ -50,18 +50,33 @@ const UNSHARE: &str = "/usr/bin/unshare";
 /// reach the component itself). Paths are arguments, never spliced into the script.
 const MOUNT_THEN_EXEC: &str = r#"while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 125; shift 2; done; shift; exec "$@""#;
 
+/// Whether each kubelet gets a mount namespace of its own (see the module docs): `unshare
+/// --mount` works here, which needs root and `CAP_SYS_ADMIN` (a container may withhold it even
+/// from root) and util-linux's `unshare`. Probed once per process.
+pub fn mount_namespaces_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        rustix::process::geteuid().is_root()
+            && Command::new(UNSHARE)
+                .args(["--mount", "--propagation", "private", "--", "/bin/true"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success())
+    })
+}
+
 /// The program and arguments that start `program` with `mounts` private to it: through
-/// `unshare --mount` when this process may create mount namespaces (root, as in CI and on the
-/// development machines) and `unshare` is installed; otherwise `program` itself, which then
-/// uses the host paths as it would outside the harness.
+/// `unshare --mount` where [`mount_namespaces_available`] (root, as in CI and on the
+/// development machines); otherwise `program` itself, which then uses the host paths as it
+/// would outside the harness.
 fn with_private_mounts(
     program: &Path,
     args: &[String],
     mounts: &[PrivateMount],
 ) -> std::io::Result<(PathBuf, Vec<String>)> {
-    let isolate =
-        !mounts.is_empty() && rustix::process::geteuid().is_root() && Path::new(UNSHARE).exists();
-    if !isolate {
+    if mounts.is_empty() || !mount_namespaces_available() {
         return Ok((program.to_owned(), args.to_owned()));
     }
     let mut wrapped: Vec<String> = ["--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
