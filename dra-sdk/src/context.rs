@@ -19,7 +19,7 @@
 //! ```no_run
 //! use dra_sdk::context::DriverContext;
 //! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
-//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::context::RecordedClaim;
 //! use dra_sdk::health::DeviceState;
 //! use dra_sdk::slices::{DeviceTaint, TaintEffect};
 //!
@@ -57,7 +57,7 @@
 //!         Ok(PreparedClaim::new(Vec::new()))
 //!     }
 //!
-//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!     async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
 //!         Ok(())
 //!     }
 //! }
@@ -127,29 +127,42 @@ impl From<ContextError> for DriverError {
     }
 }
 
-/// A claim as the checkpoint records it, for the driver: what the kubelet was given, and the
-/// driver's own state.
+/// A claim as the checkpoint records it, for the driver: what the kubelet was given, the
+/// driver's own state, and whether prepare completed. [`Driver::unprepare`],
+/// [`Driver::rollback`] and [`Driver::reconcile`] receive it; the checkpoint's storage record
+/// ([`ClaimRecord`]) stays the SDK's business.
+///
+/// [`Driver::unprepare`]: crate::driver::Driver::unprepare
+/// [`Driver::rollback`]: crate::driver::Driver::rollback
+/// [`Driver::reconcile`]: crate::driver::Driver::reconcile
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct RecordedClaim {
     /// The claim.
     pub claim: ClaimRef,
-    /// The devices handed to the kubelet.
+    /// Whether prepare completed. `false` for a prepare that was interrupted or failed half-way:
+    /// `devices` is then empty and `driver_state` holds whatever the driver recorded before the
+    /// interruption, so undo only what it proves was done, and tolerate missing pieces.
+    pub completed: bool,
+    /// The devices handed to the kubelet (empty unless `completed`).
     pub devices: Vec<RecordedDevice>,
     /// The driver state as stored; decode it with [`decode_state`](Self::decode_state).
     pub driver_state: Option<serde_json::Value>,
 }
 
 impl RecordedClaim {
-    fn from_record(uid: &str, record: &ClaimRecord) -> Self {
+    /// The driver's view of `record`, the checkpoint entry of `claim`.
+    pub(crate) fn from_record(claim: ClaimRef, record: &ClaimRecord) -> Self {
         Self {
-            claim: ClaimRef::new(&record.namespace, &record.name, uid),
+            claim,
+            completed: record.is_completed(),
             devices: record.devices.iter().map(RecordedDevice::from).collect(),
             driver_state: record.driver_state.clone(),
         }
     }
 
-    /// A recorded claim without devices or state, for a driver's own tests of
+    /// A completed claim without devices or state, for a driver's own tests of
+    /// [`Driver::unprepare`](crate::driver::Driver::unprepare) and
     /// [`Driver::reconcile`](crate::driver::Driver::reconcile).
     ///
     /// ```
@@ -160,13 +173,25 @@ impl RecordedClaim {
     ///     .with_device(RecordedDevice::new("node-a", "gpu-0").with_request("gpu"))
     ///     .with_driver_state(serde_json::json!({ "bound": "vfio-pci" }));
     /// assert_eq!(claim.devices[0].device, "gpu-0");
+    /// assert!(claim.completed);
+    /// assert!(!claim.interrupted().completed);
     /// ```
     pub fn new(claim: ClaimRef) -> Self {
         Self {
             claim,
+            completed: true,
             devices: Vec::new(),
             driver_state: None,
         }
+    }
+
+    /// Marks the claim's prepare as interrupted (what [`Driver::rollback`] receives).
+    ///
+    /// [`Driver::rollback`]: crate::driver::Driver::rollback
+    #[must_use]
+    pub fn interrupted(mut self) -> Self {
+        self.completed = false;
+        self
     }
 
     /// Adds a prepared device.
@@ -480,7 +505,10 @@ impl DriverContext {
         Ok(records
             .iter()
             .filter(|(_, record)| record.is_completed())
-            .map(|(uid, record)| RecordedClaim::from_record(uid, record))
+            .map(|(uid, record)| {
+                let claim = ClaimRef::new(&record.namespace, &record.name, uid);
+                RecordedClaim::from_record(claim, record)
+            })
             .collect())
     }
 
@@ -495,7 +523,10 @@ impl DriverContext {
             .await?;
         Ok(record
             .filter(ClaimRecord::is_completed)
-            .map(|record| RecordedClaim::from_record(claim_uid, &record)))
+            .map(|record| {
+                let claim = ClaimRef::new(&record.namespace, &record.name, claim_uid);
+                RecordedClaim::from_record(claim, &record)
+            }))
     }
 
     /// Replaces the driver state of a prepared claim in the checkpoint (a daemon restarted with

@@ -16,11 +16,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cdi::ContainerEdits;
-use crate::checkpoint::ClaimRecord;
 use crate::config::ConfigRegistry;
 use crate::context::{DriverContext, RecordedClaim};
 use crate::device_status::DeviceStatus;
 use crate::health::HealthSource;
+use crate::slices::PublishEvent;
 
 /// A DRA driver: prepares and unprepares the devices of allocated claims on one node.
 ///
@@ -31,7 +31,7 @@ use crate::health::HealthSource;
 ///
 /// ```no_run
 /// use dra_sdk::cdi::ContainerEdits;
-/// use dra_sdk::checkpoint::ClaimRecord;
+/// use dra_sdk::context::RecordedClaim;
 /// use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 ///
 /// struct MyDriver;
@@ -52,7 +52,7 @@ use crate::health::HealthSource;
 ///         Ok(PreparedClaim::new(devices))
 ///     }
 ///
-///     async fn unprepare(&self, _claim: &ClaimRef, _record: &ClaimRecord) -> Result<(), DriverError> {
+///     async fn unprepare(&self, _claim: &RecordedClaim) -> Result<(), DriverError> {
 ///         Ok(())
 ///     }
 /// }
@@ -79,17 +79,19 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Undoes [`Driver::prepare`] for a claim recorded in the checkpoint.
     ///
-    /// `record` is what the SDK stored: the devices, and the optional `driver_state` the
-    /// driver returned from prepare. It may describe a claim whose prepare was interrupted or
-    /// failed half-way (`record.state` is then `PrepareStarted`), so tolerate missing pieces.
-    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError>;
+    /// `claim` is what the SDK recorded: the devices, and the optional driver state returned
+    /// from prepare ([`RecordedClaim::decode_state`]). It may describe a claim whose prepare was
+    /// interrupted or failed half-way (`claim.completed` is then `false`), so tolerate missing
+    /// pieces.
+    async fn unprepare(&self, claim: &RecordedClaim) -> Result<(), DriverError>;
 
-    /// Rolls back a claim whose prepare started but never completed before the plugin stopped.
+    /// Rolls back a claim whose prepare started but never completed before the plugin stopped
+    /// (`claim.completed` is `false`).
     ///
     /// Called once at start for each such claim, before the plugin registers with the kubelet.
     /// The default calls [`Driver::unprepare`].
-    async fn rollback(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
-        self.unprepare(claim, record).await
+    async fn rollback(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
+        self.unprepare(claim).await
     }
 
     /// Called once when the plugin starts, before it registers with the kubelet, with the
@@ -158,9 +160,13 @@ pub trait Driver: Send + Sync + 'static {
         false
     }
 
-    /// Background events the driver may want to log or act on (registration rejected,
-    /// checkpoint problems found at start). The default logs nothing extra: the SDK already
-    /// logs each event.
+    /// Every background event of the plugin, the one way they reach a driver: registration
+    /// accepted or rejected, checkpoint problems found at start, rollbacks and reconciles that
+    /// failed, device-status writes that failed, and the ResourceSlice publisher's progress and
+    /// errors ([`PluginEvent::Publish`]). Called on the plugin's tasks: keep it quick (hand
+    /// work to a channel of your own). The default does nothing: the SDK already logs each
+    /// event. [`KubeletPlugin::registration_status`](crate::plugin::KubeletPlugin::registration_status)
+    /// is the registration *state* for code outside the driver, not a second event stream.
     fn on_event(&self, event: &PluginEvent) {
         let _ = event;
     }
@@ -180,12 +186,12 @@ impl<D: Driver> Driver for Arc<D> {
         (**self).prepare(claim).await
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
-        (**self).unprepare(claim, record).await
+    async fn unprepare(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
+        (**self).unprepare(claim).await
     }
 
-    async fn rollback(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
-        (**self).rollback(claim, record).await
+    async fn rollback(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
+        (**self).rollback(claim).await
     }
 
     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
@@ -477,7 +483,7 @@ impl PreparedClaim {
     }
 
     /// Sets the state handed back on unprepare from a typed value; read it back with
-    /// [`ClaimRecord::decode_driver_state`] or [`RecordedClaim::decode_state`].
+    /// [`RecordedClaim::decode_state`].
     ///
     /// ```
     /// use dra_sdk::driver::PreparedClaim;
@@ -728,4 +734,7 @@ pub enum PluginEvent {
         /// What went wrong, with what to grant when the server refused the write.
         error: String,
     },
+    /// The plugin's ResourceSlice publisher connected, synced, failed (it retries) or found
+    /// fields the server drops. Sent only while the driver publishes resources.
+    Publish(PublishEvent),
 }

@@ -33,7 +33,7 @@
 //! `examples/mock-gpu` runs with it on (`--device-metadata`).
 //!
 //! ```no_run
-//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::context::RecordedClaim;
 //! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
 //!
 //! struct NicDriver;
@@ -47,7 +47,7 @@
 //!     async fn prepare(&self, _claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
 //!         Ok(PreparedClaim::default())
 //!     }
-//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!     async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
 //!         Ok(())
 //!     }
 //! }

@@ -43,7 +43,7 @@ impl Driver for SlowDriver {
         Ok(prepare_gpus(claim))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 }

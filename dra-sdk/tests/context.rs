@@ -141,9 +141,9 @@ impl Driver for ContextDriver {
         })?)
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
-        self.log(format!("unprepare {}", claim.name));
-        let state = record.decode_driver_state::<DaemonState>()?;
+    async fn unprepare(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
+        self.log(format!("unprepare {}", claim.claim.name));
+        let state = claim.decode_state::<DaemonState>()?;
         self.unprepared_states.lock().unwrap().push(state);
         Ok(())
     }
@@ -642,7 +642,7 @@ impl Driver for PlacementDriver {
         Ok(prepare_gpus(claim))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         self.hardware.operate().await;
         Ok(())
     }

@@ -323,8 +323,7 @@ impl dra_sdk::driver::Driver for StatusDriver {
 
     async fn unprepare(
         &self,
-        _: &ClaimRef,
-        _: &dra_sdk::checkpoint::ClaimRecord,
+        _: &dra_sdk::context::RecordedClaim,
     ) -> Result<(), dra_sdk::driver::DriverError> {
         Ok(())
     }

@@ -252,9 +252,8 @@ fn every_feature(node: &str) -> DriverResources {
 /// device in complete pools, and that nothing is written at steady state.
 async fn publish_every_feature(client: kube::Client, driver: &str, node: &str, served: &[&str]) {
     let resources = every_feature(node);
-    let publisher = ResourceSlicePublisher::for_node(client.clone(), driver, node)
-        .on_error(|error| panic!("publishing: {error}"))
-        .spawn(resources.clone());
+    let publisher =
+        ResourceSlicePublisher::for_node(client.clone(), driver, node).spawn(resources.clone());
     tokio::time::timeout(TIMEOUT, publisher.synced())
         .await
         .expect("slices written");
@@ -898,7 +897,6 @@ async fn standard_and_list_attributes_on_a_real_api_server() {
             .unwrap();
         let publisher =
             ResourceSlicePublisher::for_node(client.clone(), "attr.example.com", "attr-node")
-                .on_error(|error| panic!("publishing: {error}"))
                 .spawn(DriverResources::single_pool(
                     "attr-node",
                     vec![device(NumaNodeForm::List)],
@@ -906,6 +904,7 @@ async fn standard_and_list_attributes_on_a_real_api_server() {
         tokio::time::timeout(TIMEOUT, publisher.synced())
             .await
             .expect("slices written");
+        assert_eq!(publisher.stats().errors, 0, "{:?}", publisher.stats());
         let stored = slices(client)
             .list(&ListParams::default().fields("spec.driver=attr.example.com"))
             .await

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use dra_sdk::cdi::{ContainerEdits, Spec};
-use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::context::DriverContext;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
@@ -61,7 +61,8 @@ impl Driver for MetadataDriver {
         Ok(PreparedClaim::new(prepared))
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, recorded: &RecordedClaim) -> Result<(), DriverError> {
+        let claim = &recorded.claim;
         let identity = MetadataClaim::new(&claim.namespace, &claim.name, &claim.uid);
         self.writer
             .remove_claim(&identity)
@@ -162,7 +163,7 @@ impl Driver for OptInDriver {
         Ok(PreparedClaim::new(devices))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 }

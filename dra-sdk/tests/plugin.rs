@@ -71,15 +71,16 @@ impl Driver for TestDriver {
         Ok(prepare_gpus(claim).with_driver_state(serde_json::json!({ "note": "hello" })))
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, recorded: &RecordedClaim) -> Result<(), DriverError> {
+        let claim = &recorded.claim;
         self.enter(&claim.uid);
         self.unprepares.fetch_add(1, Ordering::SeqCst);
         if let Some(delay) = self.delay {
             tokio::time::sleep(delay).await;
         }
-        if record.is_completed() {
+        if recorded.completed {
             assert_eq!(
-                record.driver_state,
+                recorded.driver_state,
                 Some(serde_json::json!({ "note": "hello" }))
             );
         }
@@ -87,7 +88,8 @@ impl Driver for TestDriver {
         Ok(())
     }
 
-    async fn rollback(&self, _claim: &ClaimRef, _record: &ClaimRecord) -> Result<(), DriverError> {
+    async fn rollback(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
+        assert!(!claim.completed, "only interrupted prepares are rolled back");
         self.rollbacks.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -882,6 +884,42 @@ async fn shutdown_removes_both_sockets() {
     s.plugin.shutdown().await.unwrap();
     assert!(!paths.registration.exists());
     assert!(!paths.dra.exists());
+}
+
+/// A start that fails on its last steps (here the HTTP port is taken) must not leave the
+/// sockets served, or the kubelet would register a plugin that is not running.
+#[tokio::test]
+async fn a_start_that_fails_late_leaves_no_socket_served() {
+    let cluster = TestCluster::start().await.unwrap();
+    let plugin = cluster
+        .plugin(Arc::new(TestDriver::default()), DRIVER)
+        .start()
+        .await
+        .unwrap();
+    let paths = plugin.socket_paths().clone();
+    plugin.shutdown().await.unwrap();
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let error = cluster
+        .plugin(Arc::new(TestDriver::default()), DRIVER)
+        .http_endpoint(taken.local_addr().unwrap())
+        .start()
+        .await
+        .err()
+        .expect("the HTTP port is taken");
+    assert!(error.to_string().contains("binding the HTTP endpoint"), "{error}");
+    assert!(!paths.registration.exists(), "registration socket left");
+    assert!(!paths.dra.exists(), "DRA socket left");
+
+    // The same plugin starts once the port is free.
+    drop(taken);
+    let plugin = cluster
+        .plugin(Arc::new(TestDriver::default()), DRIVER)
+        .start()
+        .await
+        .unwrap();
+    assert!(paths.registration.exists() && paths.dra.exists());
+    plugin.shutdown().await.unwrap();
 }
 
 /// A minimal HTTP/1.1 GET, to keep an HTTP client library out of the dependencies.

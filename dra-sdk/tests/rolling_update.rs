@@ -95,11 +95,12 @@ impl Driver for HandoverDriver {
         Ok(prepare_gpus(claim))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 
-    async fn rollback(&self, claim: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn rollback(&self, recorded: &RecordedClaim) -> Result<(), DriverError> {
+        let claim = &recorded.claim;
         self.node
             .rolled_back
             .lock()

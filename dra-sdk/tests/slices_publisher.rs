@@ -122,6 +122,28 @@ fn assert_consistent_pool(slices: &[ResourceSlice], pool: &str) -> Vec<String> {
     names
 }
 
+/// Every problem the publisher reports on its event stream (errors, and dropped fields with
+/// their gates), as messages, collected from the first event on.
+fn problems(publisher: &ResourceSlicePublisher) -> Arc<Mutex<Vec<String>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut events = publisher.subscribe();
+    let sink = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok(event) = events.recv().await {
+            let message = match event {
+                PublishEvent::Error(error) => error.to_string(),
+                PublishEvent::DroppedFields { features, .. } => format!(
+                    "dropped fields of {}",
+                    features.iter().map(|gate| gate.name()).collect::<Vec<_>>().join(", ")
+                ),
+                _ => continue,
+            };
+            sink.lock().unwrap().push(message);
+        }
+    });
+    seen
+}
+
 async fn next_event(
     events: &mut broadcast::Receiver<PublishEvent>,
     mut matches: impl FnMut(&PublishEvent) -> bool,
@@ -444,13 +466,10 @@ async fn kubelet_wipe_is_republished_and_stale_slices_removed() {
 #[tokio::test]
 async fn outage_then_recovery_converges() {
     let env = env().await;
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = errors.clone();
     let mut devices = gpus(130);
-    let handle = env
-        .publisher()
-        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
-        .spawn(pool_of(devices.clone()));
+    let publisher = env.publisher();
+    let errors = problems(&publisher);
+    let handle = publisher.spawn(pool_of(devices.clone()));
     synced(&handle).await;
 
     // The API server breaks: writes fail with 500, watches are dropped and refused.
@@ -522,22 +541,15 @@ async fn dropped_fields_are_reported_once_and_not_rewritten() {
     let env = env().await;
     env.server
         .drop_fields("resourceslices", &["spec.devices[].taints"]);
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = errors.clone();
     let mut devices = gpus(10);
     devices[3] = devices[3].clone().taint(DeviceTaint::new(
         "gpu.example.com/unhealthy",
         TaintEffect::NoSchedule,
     ));
-    let handle = env
-        .publisher()
-        .on_error(move |e| {
-            if matches!(e, PublishError::DroppedFields { .. }) {
-                seen.lock().unwrap().push(e.to_string());
-            }
-        })
-        .spawn(pool_of(devices.clone()));
-    let mut events = handle.subscribe();
+    let publisher = env.publisher();
+    let errors = problems(&publisher);
+    let mut events = publisher.subscribe();
+    let handle = publisher.spawn(pool_of(devices.clone()));
     synced(&handle).await;
 
     let event = next_event(&mut events, |e| {
@@ -549,6 +561,10 @@ async fn dropped_fields_are_reported_once_and_not_rewritten() {
     };
     assert_eq!(pool, NODE);
     assert_eq!(features, BTreeSet::from([FeatureGate::DeviceTaints]));
+    eventually("the dropped taints to be reported", || {
+        !errors.lock().unwrap().is_empty()
+    })
+    .await;
     assert!(errors.lock().unwrap()[0].contains("DRADeviceTaints"));
     assert_eq!(env.slice_writes(), (1, 0, 0), "no rewrite loop");
 
@@ -571,8 +587,6 @@ async fn dropped_fields_are_reported_once_and_not_rewritten() {
 #[tokio::test]
 async fn invalid_pool_is_reported_and_others_still_publish() {
     let env = env().await;
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = errors.clone();
     let resources = pool_of(gpus(2)).with_pool(
         "broken",
         Pool::new([
@@ -580,12 +594,15 @@ async fn invalid_pool_is_reported_and_others_still_publish() {
             Device::new("ok").attribute("bad-name", 1),
         ]),
     );
-    let handle = env
-        .publisher()
-        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
-        .spawn(resources);
+    let publisher = env.publisher();
+    let errors = problems(&publisher);
+    let handle = publisher.spawn(resources);
     synced(&handle).await;
     assert_eq!(env.slices().len(), 1);
+    eventually("the invalid pool to be reported", || {
+        !errors.lock().unwrap().is_empty()
+    })
+    .await;
     let errors = errors.lock().unwrap().clone();
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains(r#"pool "broken" is not published"#));
@@ -674,13 +691,12 @@ async fn older_servers_via_discovery() {
 #[tokio::test]
 async fn metrics_and_unknown_node() {
     let env = env().await;
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = errors.clone();
     // The node does not exist yet: the publisher keeps retrying the lookup.
-    let handle = ResourceSlicePublisher::for_node(env.server.client().unwrap(), DRIVER, "node-2")
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
-        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
-        .spawn(DriverResources::single_pool("node-2", gpus(1)));
+    let publisher =
+        ResourceSlicePublisher::for_node(env.server.client().unwrap(), DRIVER, "node-2")
+            .backoff(Duration::from_millis(10), Duration::from_millis(50));
+    let errors = problems(&publisher);
+    let handle = publisher.spawn(DriverResources::single_pool("node-2", gpus(1)));
     eventually("the node lookup error", || {
         errors
             .lock()
@@ -801,18 +817,15 @@ async fn list_attributes_refused_without_their_gate_are_reported_and_left_out() 
             "spec.devices[].attributes.*.versions",
         ],
     );
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
-    let seen = errors.clone();
     let devices = vec![
         Device::new("nic-0")
             .attribute("model", "x710")
             .attribute("vlans", vec![10i64, 20]),
     ];
-    let handle = env
-        .publisher()
-        .on_error(move |e| seen.lock().unwrap().push(e.to_string()))
-        .spawn(pool_of(devices));
-    let mut events = handle.subscribe();
+    let publisher = env.publisher();
+    let errors = problems(&publisher);
+    let mut events = publisher.subscribe();
+    let handle = publisher.spawn(pool_of(devices));
     synced(&handle).await;
     let event = next_event(&mut events, |e| {
         matches!(e, PublishEvent::DroppedFields { .. })
@@ -831,6 +844,10 @@ async fn list_attributes_refused_without_their_gate_are_reported_and_left_out() 
         .unwrap();
     assert!(attributes.contains_key("model"));
     assert!(!attributes.contains_key("vlans"));
+    eventually("the dropped list attribute to be reported", || {
+        !errors.lock().unwrap().is_empty()
+    })
+    .await;
     let errors = errors.lock().unwrap().clone();
     assert_eq!(errors.len(), 1, "reported once: {errors:?}");
     assert!(errors[0].contains("DRAListTypeAttributes"), "{errors:?}");

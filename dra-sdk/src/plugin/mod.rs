@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -46,7 +46,7 @@ use crate::driver::{Driver, DriverError, PluginEvent};
 use crate::health::HealthSource;
 use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
-use crate::slices::{DriverResources, PublisherHandle, ResourceSlicePublisher};
+use crate::slices::{DriverResources, PublishEvent, PublisherHandle, ResourceSlicePublisher};
 
 #[cfg(feature = "testing")]
 pub(crate) use client::unix_channel;
@@ -493,57 +493,20 @@ impl<D: Driver> PluginBuilder<D> {
 
         let services_shutdown = CancellationToken::new();
         let registration_shutdown = CancellationToken::new();
+        // Dropping the set on an early return aborts every task in it (and closes its
+        // listener), so a start that fails leaves nothing served.
         let mut tasks = JoinSet::new();
-        // DRA service first: the kubelet may call it as soon as registration succeeds.
-        spawn_dra_server(
-            &node,
-            &paths,
-            health.clone(),
-            self.health_resend_interval,
-            &services_shutdown,
-            &mut tasks,
-        )
-        .await?;
-        // Registration second.
-        let (registration_task, registration) = spawn_registration(
-            &driver_name,
-            &paths,
-            health.is_some(),
-            &registration_shutdown,
-        )?;
-        tasks.spawn(forward_registration_events(
-            registration.clone(),
-            Arc::clone(&driver),
-            services_shutdown.clone(),
-        ));
-        tracing::info!(
-            registration = %paths.registration.display(),
-            endpoint = %paths.dra.display(),
-            "plugin sockets ready"
-        );
-
+        // The ports first, the sockets last: whatever can still fail comes before the kubelet
+        // can see the plugin. Until the sockets exist, the probes on these ports answer
+        // "not serving".
         let registry = Arc::new(Mutex::new(registry));
-        let publisher = context.initial_resources().map(|resources| {
-            let handle = ResourceSlicePublisher::for_node(
-                self.client.clone(),
-                &driver_name,
-                &self.node_name,
-            )
-            .spawn(resources);
-            if let Ok(mut registry) = registry.lock() {
-                handle.register_metrics(&mut registry);
-            }
-            handle
-        });
-        context.attach_publisher(publisher.as_ref().map(PublisherHandle::updater));
-
         let probe = socket_probe(paths.clone());
         let http_addr = match self.http_endpoint {
             Some(addr) => Some(
                 spawn_http(
                     addr,
                     &self.metrics_path,
-                    registry,
+                    Arc::clone(&registry),
                     Arc::clone(&probe),
                     &services_shutdown,
                     &mut tasks,
@@ -558,6 +521,61 @@ impl<D: Driver> PluginBuilder<D> {
             }
             None => None,
         };
+        // DRA service before registration: the kubelet may call it as soon as it registers.
+        spawn_dra_server(
+            &node,
+            &paths,
+            health.clone(),
+            self.health_resend_interval,
+            &services_shutdown,
+            &mut tasks,
+        )
+        .await?;
+        let (registration_task, registration) = match spawn_registration(
+            &driver_name,
+            &paths,
+            health.is_some(),
+            &registration_shutdown,
+        ) {
+            Ok(registration) => registration,
+            Err(error) => {
+                // The DRA server's task goes with `tasks`; its socket file must go too, or the
+                // next start would find a stale socket.
+                services_shutdown.cancel();
+                let _ = std::fs::remove_file(&paths.dra);
+                return Err(error);
+            }
+        };
+        tasks.spawn(forward_registration_events(
+            registration.clone(),
+            Arc::clone(&driver),
+            services_shutdown.clone(),
+        ));
+        tracing::info!(
+            registration = %paths.registration.display(),
+            endpoint = %paths.dra.display(),
+            "plugin sockets ready"
+        );
+
+        // Nothing below fails.
+        let publisher = context.initial_resources().map(|resources| {
+            let publisher = ResourceSlicePublisher::for_node(
+                self.client.clone(),
+                &driver_name,
+                &self.node_name,
+            );
+            tasks.spawn(forward_publish_events(
+                publisher.subscribe(),
+                Arc::clone(&driver),
+                services_shutdown.clone(),
+            ));
+            let handle = publisher.spawn(resources);
+            if let Ok(mut registry) = registry.lock() {
+                handle.register_metrics(&mut registry);
+            }
+            handle
+        });
+        context.attach_publisher(publisher.as_ref().map(PublisherHandle::updater));
 
         cancel_on_error.disarm();
         Ok(KubeletPlugin {
@@ -823,6 +841,26 @@ async fn forward_registration_events<D: Driver>(
                 };
                 driver.on_event(&event);
             }
+        }
+    }
+}
+
+/// Hands the publisher's events to the driver until the plugin stops.
+async fn forward_publish_events<D: Driver>(
+    mut events: broadcast::Receiver<PublishEvent>,
+    driver: Arc<D>,
+    shutdown: CancellationToken,
+) -> Result<(), PluginError> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            event = events.recv() => match event {
+                Ok(event) => driver.on_event(&PluginEvent::Publish(event)),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::warn!(missed, "the driver fell behind the ResourceSlice publisher's events; the oldest were dropped");
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::checkpoint::{
 };
 use crate::claims::{self, ClaimReader};
 use crate::config::ConfigRegistry;
-use crate::context::CLAIM_IN_PROGRESS;
+use crate::context::{CLAIM_IN_PROGRESS, RecordedClaim};
 use crate::device_status::DeviceStatus;
 use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
@@ -434,7 +434,8 @@ impl<D: Driver> NodeService<D> {
             tracing::debug!("claim not prepared on this node; nothing to do");
             return Ok(None);
         };
-        guarded(self.driver.unprepare(claim, &record)).await?;
+        let recorded = RecordedClaim::from_record(claim.clone(), &record);
+        guarded(self.driver.unprepare(&recorded)).await?;
         self.cdi
             .remove_claim(&claim.uid)
             .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
@@ -513,7 +514,8 @@ impl<D: Driver> NodeService<D> {
             Some(record) if record.state == ClaimState::PrepareStarted => record,
             _ => return Ok(()),
         };
-        let outcome = guarded(self.driver.rollback(&claim, &record)).await;
+        let recorded = RecordedClaim::from_record(claim.clone(), &record);
+        let outcome = guarded(self.driver.rollback(&recorded)).await;
         match outcome
             .map_err(|(_, message)| message)
             .and_then(|()| self.cdi.remove_claim(&claim.uid).map_err(|e| e.to_string()))

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::health::HealthSource;
@@ -63,7 +63,7 @@ impl Driver for GpuDriver {
         Ok(prepare_gpus(claim))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 
@@ -129,7 +129,7 @@ impl Driver for EnvDriver {
         Ok(PreparedClaim::new(devices))
     }
 
-    async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 

@@ -1054,13 +1054,10 @@ fn vfio_edits(
     )
 }
 
-fn unprepare_blocking(
-    inner: &Inner,
-    claim: &ClaimRef,
-    record: &ClaimRecord,
-) -> Result<(), DriverError> {
+fn unprepare_blocking(inner: &Inner, recorded: &RecordedClaim) -> Result<(), DriverError> {
+    let claim = &recorded.claim;
     let remembered = inner.reservations().states.get(&claim.uid).cloned();
-    let state = match record.driver_state.as_ref().map(ClaimState::from_value) {
+    let state = match recorded.driver_state.as_ref().map(ClaimState::from_value) {
         None => match remembered {
             Some(state) => state,
             None => {
@@ -1230,11 +1227,10 @@ impl Driver for NvidiaDriver {
             .with_driver_state(state))
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, record: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
         let inner = Arc::clone(&self.inner);
         let claim = claim.clone();
-        let record = record.clone();
-        tokio::task::spawn_blocking(move || unprepare_blocking(&inner, &claim, &record))
+        tokio::task::spawn_blocking(move || unprepare_blocking(&inner, &claim))
             .await
             .map_err(join_error)?
     }

@@ -4,7 +4,7 @@
 
 use clap::Parser;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
@@ -84,7 +84,7 @@ impl Driver for MinimalDriver {
         Ok(PreparedClaim::new(devices.collect()))
     }
 
-    async fn unprepare(&self, _claim: &ClaimRef, _record: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _claim: &RecordedClaim) -> Result<(), DriverError> {
         Ok(())
     }
 }

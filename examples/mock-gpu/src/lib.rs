@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use dra_sdk::DeviceAttributes;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::{ContextError, DriverContext};
 use dra_sdk::device_status::DeviceStatus;
@@ -595,7 +595,7 @@ impl Driver for MockGpuDriver {
         Ok(prepared)
     }
 
-    async fn unprepare(&self, _claim: &ClaimRef, _record: &ClaimRecord) -> Result<(), DriverError> {
+    async fn unprepare(&self, _claim: &RecordedClaim) -> Result<(), DriverError> {
         // Mock GPUs hold no node state: the SDK removes the CDI spec.
         Ok(())
     }

@@ -40,8 +40,10 @@ pub use self::handle::PublisherHandle;
 pub(crate) use self::handle::SliceUpdater;
 use self::reconcile::Reconciler;
 
+/// How many events a [`ResourceSlicePublisher::subscribe`] receiver may fall behind.
+const EVENT_BUFFER: usize = 64;
+
 /// Callback for background errors.
-type ErrorCallback = Arc<dyn Fn(&PublishError) + Send + Sync>;
 
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,7 +162,9 @@ pub enum PublishError {
     },
 }
 
-/// Progress reported to [`PublisherHandle::subscribe`] receivers.
+/// Progress reported to [`ResourceSlicePublisher::subscribe`] and
+/// [`PublisherHandle::subscribe`] receivers; a kubelet plugin hands each to its driver as
+/// [`PluginEvent::Publish`](crate::driver::PluginEvent::Publish).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum PublishEvent {
@@ -190,6 +194,39 @@ pub enum PublishEvent {
         /// All gates detected as disabled so far.
         features: BTreeSet<FeatureGate>,
     },
+}
+
+/// Errors compare by their message: two reports of the same failure are equal.
+impl PartialEq for PublishEvent {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                Self::Connected {
+                    api_version: a,
+                    release: r,
+                },
+                Self::Connected {
+                    api_version: b,
+                    release: s,
+                },
+            ) => a == b && r == s,
+            (Self::Synced { version: a }, Self::Synced { version: b }) => a == b,
+            (Self::Error(a), Self::Error(b)) => Arc::ptr_eq(a, b) || a.to_string() == b.to_string(),
+            (
+                Self::DroppedFields {
+                    pool: p,
+                    slice: s,
+                    features: f,
+                },
+                Self::DroppedFields {
+                    pool: q,
+                    slice: t,
+                    features: g,
+                },
+            ) => p == q && s == t && f == g,
+            _ => false,
+        }
+    }
 }
 
 /// Counts of the publisher's API writes and errors.
@@ -272,7 +309,9 @@ pub struct ResourceSlicePublisher {
     driver: String,
     scope: Scope,
     options: Options,
-    on_error: Option<ErrorCallback>,
+    /// Created with the builder, so a receiver taken before [`spawn`](Self::spawn) sees every
+    /// event from the first.
+    events: broadcast::Sender<PublishEvent>,
 }
 
 impl fmt::Debug for ResourceSlicePublisher {
@@ -319,7 +358,7 @@ impl ResourceSlicePublisher {
             driver,
             scope,
             options: Options::default(),
-            on_error: None,
+            events: broadcast::channel(EVENT_BUFFER).0,
         }
     }
 
@@ -377,12 +416,29 @@ impl ResourceSlicePublisher {
         self
     }
 
-    /// Calls `callback` for every background error, in addition to logging it and sending
-    /// it to [`PublisherHandle::subscribe`] receivers. Keep it quick: it runs on the
-    /// publisher's task.
-    pub fn on_error(mut self, callback: impl Fn(&PublishError) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(callback));
-        self
+    /// A receiver of every [`PublishEvent`] from the first: taken before
+    /// [`spawn`](Self::spawn), it cannot miss the connection or an early error, which
+    /// [`PublisherHandle::subscribe`] (taken after) can. The one way publisher events reach
+    /// code; errors are also logged. A receiver that falls more than 64 events behind gets
+    /// `Lagged` and loses the oldest.
+    ///
+    /// ```no_run
+    /// # async fn run(client: kube::Client) {
+    /// use dra_sdk::slices::{DriverResources, PublishEvent, ResourceSlicePublisher};
+    ///
+    /// let publisher = ResourceSlicePublisher::for_node(client, "gpu.example.com", "node-1");
+    /// let mut events = publisher.subscribe();
+    /// let handle = publisher.spawn(DriverResources::default());
+    /// while let Ok(event) = events.recv().await {
+    ///     if let PublishEvent::Error(error) = event {
+    ///         eprintln!("slices: {error}");
+    ///     }
+    /// }
+    /// # drop(handle);
+    /// # }
+    /// ```
+    pub fn subscribe(&self) -> broadcast::Receiver<PublishEvent> {
+        self.events.subscribe()
     }
 
     /// Starts publishing `initial` on a background task.
@@ -395,7 +451,7 @@ impl ResourceSlicePublisher {
             resources: Arc::new(initial),
         });
         let (sync_tx, sync_rx) = watch::channel(SyncState::default());
-        let (events, _) = broadcast::channel(64);
+        let events = self.events;
         let metrics = Metrics::default();
         let cancel = CancellationToken::new();
         let node = match &self.scope {
@@ -419,7 +475,6 @@ impl ResourceSlicePublisher {
             node,
             scope: self.scope,
             options: self.options,
-            on_error: self.on_error,
             desired_rx,
             sync_tx,
             events: events.clone(),

@@ -43,7 +43,6 @@ pub(super) struct Reconciler {
     pub(super) scope: Scope,
     pub(super) options: Options,
     pub(super) field_manager: String,
-    pub(super) on_error: Option<ErrorCallback>,
     pub(super) desired_rx: watch::Receiver<Desired>,
     pub(super) sync_tx: watch::Sender<SyncState>,
     pub(super) events: broadcast::Sender<PublishEvent>,
@@ -123,9 +122,6 @@ impl Reconciler {
                 warn!(error = %error, "ResourceSlice publishing problem");
             }
             _ => warn!(error = %error, "ResourceSlice publishing error; retrying"),
-        }
-        if let Some(callback) = &self.on_error {
-            callback(&error);
         }
         if let PublishError::DroppedFields {
             pool,

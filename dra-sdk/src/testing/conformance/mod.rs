@@ -19,7 +19,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
-//! use dra_sdk::checkpoint::ClaimRecord;
+//! use dra_sdk::context::RecordedClaim;
 //! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
 //! use dra_sdk::slices::{Device, DriverResources};
 //! use dra_sdk::testing::cluster::NODE_NAME;
@@ -36,7 +36,7 @@
 //!         });
 //!         Ok(PreparedClaim::new(devices.collect()))
 //!     }
-//!     async fn unprepare(&self, _: &ClaimRef, _: &ClaimRecord) -> Result<(), DriverError> {
+//!     async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
 //!         Ok(())
 //!     }
 //! }
