@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::context::DriverContext;
-//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
+//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
 //! use dra_sdk::context::RecordedClaim;
 //! use dra_sdk::health::DeviceState;
 //! use dra_sdk::slices::{DeviceTaint, TaintEffect};
@@ -521,12 +521,10 @@ impl DriverContext {
         let record = self
             .blocking(move |checkpoint| checkpoint.get(&uid))
             .await?;
-        Ok(record
-            .filter(ClaimRecord::is_completed)
-            .map(|record| {
-                let claim = ClaimRef::new(&record.namespace, &record.name, claim_uid);
-                RecordedClaim::from_record(claim, &record)
-            }))
+        Ok(record.filter(ClaimRecord::is_completed).map(|record| {
+            let claim = ClaimRef::new(&record.namespace, &record.name, claim_uid);
+            RecordedClaim::from_record(claim, &record)
+        }))
     }
 
     /// Replaces the driver state of a prepared claim in the checkpoint (a daemon restarted with

@@ -32,7 +32,7 @@ use crate::slices::PublishEvent;
 /// ```no_run
 /// use dra_sdk::cdi::ContainerEdits;
 /// use dra_sdk::context::RecordedClaim;
-/// use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+/// use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 ///
 /// struct MyDriver;
 ///

@@ -8,7 +8,7 @@
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
 //! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 //! use dra_sdk::plugin::KubeletPlugin;
 //! use dra_sdk::slices::{Device, DriverResources};
 //!

@@ -34,7 +34,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
+//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
 //!
 //! struct NicDriver;
 //!

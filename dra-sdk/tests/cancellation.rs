@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dra_sdk::advanced::proto::dra_v1;
-use dra_sdk::checkpoint::{Checkpoint, ClaimRecord, ClaimState};
+use dra_sdk::checkpoint::{Checkpoint, ClaimState};
 use dra_sdk::config::ConfigRegistry;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
+use dra_sdk::context::RecordedClaim;
+use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk::testing::kubelet::KubeletVersion;

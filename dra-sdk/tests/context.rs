@@ -21,7 +21,9 @@ use dra_sdk::driver::{
 };
 use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, PluginError, RegistrationStatus};
-use dra_sdk::slices::{DeviceTaint, DriverResources, TaintEffect};
+use dra_sdk::slices::{
+    DeviceTaint, DriverResources, PublishEvent, ResourceApiVersion, TaintEffect,
+};
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -301,6 +303,29 @@ async fn the_driver_publishes_its_first_devices_from_start_and_the_token_ends_wi
     let (plugin, _kubelet) = start(&cluster, &driver, None).await.unwrap();
     wait_for_slices(&cluster, "the 3 GPUs published in start", |d| d.len() == 3).await;
     assert!(plugin.publisher().is_some());
+
+    // The publisher's progress reaches the driver the one way events do: `on_event`.
+    let published = || {
+        let events = driver.events.lock().unwrap();
+        let connected = events.iter().any(|event| {
+            matches!(
+                event,
+                PluginEvent::Publish(PublishEvent::Connected {
+                    api_version: ResourceApiVersion::V1,
+                    ..
+                })
+            )
+        });
+        let synced = events
+            .iter()
+            .any(|event| matches!(event, PluginEvent::Publish(PublishEvent::Synced { .. })));
+        connected && synced
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !published() {
+        assert!(tokio::time::Instant::now() < deadline, "no publish events");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let token = driver.ctx().cancellation_token();
     assert!(!token.is_cancelled());

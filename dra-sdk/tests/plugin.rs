@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
@@ -89,7 +90,10 @@ impl Driver for TestDriver {
     }
 
     async fn rollback(&self, claim: &RecordedClaim) -> Result<(), DriverError> {
-        assert!(!claim.completed, "only interrupted prepares are rolled back");
+        assert!(
+            !claim.completed,
+            "only interrupted prepares are rolled back"
+        );
         self.rollbacks.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
@@ -905,9 +909,11 @@ async fn a_start_that_fails_late_leaves_no_socket_served() {
         .http_endpoint(taken.local_addr().unwrap())
         .start()
         .await
-        .err()
-        .expect("the HTTP port is taken");
-    assert!(error.to_string().contains("binding the HTTP endpoint"), "{error}");
+        .expect_err("the HTTP port is taken");
+    assert!(
+        error.to_string().contains("binding the HTTP endpoint"),
+        "{error}"
+    );
     assert!(!paths.registration.exists(), "registration socket left");
     assert!(!paths.dra.exists(), "DRA socket left");
 

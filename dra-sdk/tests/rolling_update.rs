@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
 use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::testing::claims::AllocatedClaim;

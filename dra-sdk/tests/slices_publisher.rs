@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use dra_sdk::slices::{
     CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, FeatureGate, Pool,
-    PoolNodeSelection, PublishError, PublishEvent, PublisherHandle, ResourceApiVersion,
-    ResourceSlicePublisher, TaintEffect,
+    PoolNodeSelection, PublishEvent, PublisherHandle, ResourceApiVersion, ResourceSlicePublisher,
+    TaintEffect,
 };
 use dra_sdk::testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
 use k8s_openapi::api::core::v1::Node;
@@ -134,7 +134,11 @@ fn problems(publisher: &ResourceSlicePublisher) -> Arc<Mutex<Vec<String>>> {
                 PublishEvent::Error(error) => error.to_string(),
                 PublishEvent::DroppedFields { features, .. } => format!(
                     "dropped fields of {}",
-                    features.iter().map(|gate| gate.name()).collect::<Vec<_>>().join(", ")
+                    features
+                        .iter()
+                        .map(|gate| gate.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
                 _ => continue,
             };

@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::context::RecordedClaim;
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::context::RecordedClaim;
+use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::health::HealthSource;
 use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk::testing::cluster::NODE_NAME;

@@ -4,10 +4,10 @@
 
 use clap::Parser;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::context::RecordedClaim;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::context::RecordedClaim;
+use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{Device, DriverResources, Quantity};
 use dra_sdk::{DeviceAttributes, OpaqueConfig};

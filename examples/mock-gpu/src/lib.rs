@@ -36,8 +36,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use dra_sdk::DeviceAttributes;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::context::RecordedClaim;
 use dra_sdk::config::ConfigRegistry;
+use dra_sdk::context::RecordedClaim;
 use dra_sdk::context::{ContextError, DriverContext};
 use dra_sdk::device_status::DeviceStatus;
 use dra_sdk::driver::{

@@ -43,8 +43,6 @@ use self::reconcile::Reconciler;
 /// How many events a [`ResourceSlicePublisher::subscribe`] receiver may fall behind.
 const EVENT_BUFFER: usize = 64;
 
-/// Callback for background errors.
-
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operation {

@@ -20,7 +20,7 @@
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
 //! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice};
+//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 //! use dra_sdk::slices::{Device, DriverResources};
 //! use dra_sdk::testing::cluster::NODE_NAME;
 //! use dra_sdk::testing::conformance::Conformance;
