@@ -32,9 +32,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::FutureExt as _;
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinSet;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -546,8 +548,8 @@ impl<D: Driver> PluginBuilder<D> {
                 return Err(error);
             }
         };
-        tasks.spawn(forward_registration_events(
-            registration.clone(),
+        tasks.spawn(forward_events(
+            registration_events(registration.clone()),
             Arc::clone(&driver),
             services_shutdown.clone(),
         ));
@@ -564,8 +566,8 @@ impl<D: Driver> PluginBuilder<D> {
                 &driver_name,
                 &self.node_name,
             );
-            tasks.spawn(forward_publish_events(
-                publisher.subscribe(),
+            tasks.spawn(forward_events(
+                publish_events(publisher.subscribe()),
                 Arc::clone(&driver),
                 services_shutdown.clone(),
             ));
@@ -819,50 +821,47 @@ fn default_cdi_kind(driver_name: &str) -> Result<Kind, PluginError> {
     })
 }
 
-/// Reports registration outcomes to the driver until the plugin stops.
-async fn forward_registration_events<D: Driver>(
-    mut status: watch::Receiver<RegistrationStatus>,
-    driver: Arc<D>,
-    shutdown: CancellationToken,
-) -> Result<(), PluginError> {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            changed = status.changed() => {
-                if changed.is_err() {
-                    return Ok(());
-                }
-                let event = match &*status.borrow_and_update() {
-                    RegistrationStatus::Registered => PluginEvent::Registered,
-                    RegistrationStatus::Rejected { error } => {
-                        PluginEvent::RegistrationRejected { error: error.clone() }
-                    }
-                    RegistrationStatus::Pending => continue,
-                };
-                driver.on_event(&event);
+/// The kubelet's verdicts on the registration, as driver events.
+fn registration_events(
+    status: watch::Receiver<RegistrationStatus>,
+) -> impl Stream<Item = PluginEvent> + Send + 'static {
+    WatchStream::from_changes(status).filter_map(|status| async move {
+        match status {
+            RegistrationStatus::Registered => Some(PluginEvent::Registered),
+            RegistrationStatus::Rejected { error } => {
+                Some(PluginEvent::RegistrationRejected { error })
             }
+            RegistrationStatus::Pending => None,
         }
-    }
+    })
 }
 
-/// Hands the publisher's events to the driver until the plugin stops.
-async fn forward_publish_events<D: Driver>(
-    mut events: broadcast::Receiver<PublishEvent>,
+/// The publisher's events, as driver events.
+fn publish_events(
+    events: broadcast::Receiver<PublishEvent>,
+) -> impl Stream<Item = PluginEvent> + Send + 'static {
+    BroadcastStream::new(events).filter_map(|event| async move {
+        match event {
+            Ok(event) => Some(PluginEvent::Publish(event)),
+            Err(BroadcastStreamRecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "the driver fell behind the ResourceSlice publisher's events; the oldest were dropped");
+                None
+            }
+        }
+    })
+}
+
+/// Hands `events` to the driver until they end or the plugin stops.
+async fn forward_events<D: Driver>(
+    events: impl Stream<Item = PluginEvent> + Send + 'static,
     driver: Arc<D>,
     shutdown: CancellationToken,
 ) -> Result<(), PluginError> {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            event = events.recv() => match event {
-                Ok(event) => driver.on_event(&PluginEvent::Publish(event)),
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "the driver fell behind the ResourceSlice publisher's events; the oldest were dropped");
-                }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
-        }
+    let mut events = std::pin::pin!(events.take_until(shutdown.cancelled_owned()));
+    while let Some(event) = events.next().await {
+        driver.on_event(&event);
     }
+    Ok(())
 }
 
 /// Checks that both sockets answer real gRPC calls.
