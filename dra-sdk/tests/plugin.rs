@@ -184,6 +184,21 @@ async fn registers_with_v1_kubelets_and_serves_prepare() {
     .await
     .unwrap()
     .unwrap();
+    // The same verdict reaches the driver, the one way background events do.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !s
+        .driver
+        .events
+        .lock()
+        .unwrap()
+        .contains(&PluginEvent::Registered)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Registered event"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let claim = gpu_claim(&s.cluster, "one", &["gpu-0"]).await;
     let result = s
