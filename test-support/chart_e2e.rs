@@ -18,7 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::e2e::{RealCluster, workload};
+use dra_sdk::testing::e2e::workload::ClaimSource;
+use dra_sdk::testing::e2e::{ManagedProcess, RealCluster, workload};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -220,4 +221,44 @@ pub async fn write_denied(
             }
         }
     }
+}
+
+/// Creates the ResourceClaimTemplate `name` asking for one device of `device_class`.
+pub async fn create_claim_template(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    device_class: &str,
+) {
+    let template = workload::claim_template(namespace, name, device_class, Value::Null, None)
+        .expect("a valid template");
+    Api::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &template)
+        .await
+        .expect("creating the claim template");
+}
+
+/// Starts pod `name` on node-1 with a claim from `template` and waits until it runs; on failure
+/// the panic shows the tail of `plugin`'s log.
+pub async fn run_pod(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    template: &str,
+    plugin: &ManagedProcess,
+) {
+    let pod = workload::pod_using(
+        namespace,
+        name,
+        "node-1",
+        &ClaimSource::Template(template.into()),
+        &["ctr"],
+    );
+    Api::<Pod>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the pod");
+    workload::wait_for_pod_running(admin, namespace, name, TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
 }

@@ -20,16 +20,15 @@ mod shared_e2e;
 use std::path::{Path, PathBuf};
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
-use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::workload;
 use dra_sdk::testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 use shared::{helm_or_skip, render_chart};
 use shared_e2e::{
-    TIMEOUT, apply_strictly, client_from, holder_pod, request_token, slice, token_kubeconfig,
-    wait_for_slices, write_denied,
+    TIMEOUT, apply_strictly, client_from, create_claim_template, holder_pod, request_token,
+    run_pod, slice, token_kubeconfig, wait_for_slices, write_denied,
 };
 
 const RELEASE: &str = "nvidia-dra";
@@ -156,27 +155,8 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
 
     // A pod with a claim of the chart's gpu.nvidia.com DeviceClass: the plugin reads the
     // claim (get) and prepares it.
-    let template =
-        workload::claim_template(&namespace, "one-gpu", GPU_DEVICE_CLASS, Value::Null, None)
-            .unwrap();
-    Api::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let pod = workload::pod_using(
-        &namespace,
-        "uses-a-gpu",
-        "node-1",
-        &ClaimSource::Template("one-gpu".into()),
-        &["ctr"],
-    );
-    Api::<Pod>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    workload::wait_for_pod_running(&admin, &namespace, "uses-a-gpu", TIMEOUT)
-        .await
-        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    create_claim_template(&admin, &namespace, "one-gpu", GPU_DEVICE_CLASS).await;
+    run_pod(&admin, &namespace, "uses-a-gpu", "one-gpu", &plugin).await;
 
     // The policy: the same token may not write node-2's slices or another driver's.
     let as_plugin = client_from(&kubeconfig).await;

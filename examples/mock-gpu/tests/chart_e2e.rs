@@ -18,16 +18,16 @@ use support::shared; // what `shared_e2e` builds on
 
 use std::path::Path;
 
-use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk::testing::e2e::workload;
 use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use shared_e2e::{
-    TIMEOUT, apply_strictly, client_from, holder_pod, request_token, slice, token_kubeconfig,
-    write_denied,
+    TIMEOUT, apply_strictly, client_from, create_claim_template, holder_pod, request_token,
+    run_pod, slice, token_kubeconfig, write_denied,
 };
 use support::chart::{helm_or_skip, render};
 
@@ -120,26 +120,8 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
 
     // A pod with a claim from the chart's DeviceClass: the plugin reads the claim (get) to
     // prepare it.
-    let template =
-        workload::claim_template(&namespace, "one-gpu", DRIVER, Value::Null, None).unwrap();
-    Api::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    let pod = workload::pod_using(
-        &namespace,
-        "uses-a-gpu",
-        "node-1",
-        &ClaimSource::Template("one-gpu".into()),
-        &["ctr"],
-    );
-    Api::<Pod>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    workload::wait_for_pod_running(&admin, &namespace, "uses-a-gpu", TIMEOUT)
-        .await
-        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    create_claim_template(&admin, &namespace, "one-gpu", DRIVER).await;
+    run_pod(&admin, &namespace, "uses-a-gpu", "one-gpu", &plugin).await;
     // Prepared, though the status write was refused: the log says what to grant.
     let claim = pod_claim(&admin, &namespace, "uses-a-gpu").await;
     assert!(
@@ -176,20 +158,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
         "associated-node:patch",
     )
     .await;
-    let pod = workload::pod_using(
-        &namespace,
-        "reports-status",
-        "node-1",
-        &ClaimSource::Template("one-gpu".into()),
-        &["ctr"],
-    );
-    Api::<Pod>::namespaced(admin.clone(), &namespace)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    workload::wait_for_pod_running(&admin, &namespace, "reports-status", TIMEOUT)
-        .await
-        .unwrap_or_else(|error| panic!("{error}; plugin log:\n{}", plugin.log_tail(30)));
+    run_pod(&admin, &namespace, "reports-status", "one-gpu", &plugin).await;
     let claim = pod_claim(&admin, &namespace, "reports-status").await;
     let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
     assert_eq!(
