@@ -74,7 +74,9 @@ pub use self::cluster::{RealCluster, RealClusterBuilder, ServedVersions};
 pub use self::cri::{CriCall, CriLog};
 pub use self::node::{KubeletNode, Registration};
 pub use self::pki::PkiError;
-pub use self::process::{ManagedProcess, mount_namespaces_available, pdeath_signal_supported};
+pub use self::process::{
+    ENV_SHARED_DEVICE_PLUGINS, ManagedProcess, mount_namespaces_available, pdeath_signal_supported,
+};
 
 /// Environment variable naming the directory of the Kubernetes binaries.
 pub const ENV_BINARIES: &str = "DRA_E2E_K8S_BIN";

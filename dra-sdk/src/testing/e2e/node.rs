@@ -10,11 +10,29 @@ use kube::Api;
 use super::cluster::{RealCluster, http_get_ok};
 use super::cri::CriLog;
 use super::pki::Usage;
-use super::process::{ManagedProcess, PrivateMount};
+use super::process::{ManagedProcess, PrivateMount, mount_namespaces_available};
 use super::{E2eError, io_error};
 
 /// Where every kubelet puts its device-plugin registration socket, whatever its `--root-dir`.
 const KUBELET_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+
+/// Without a mount namespace per kubelet, kubelets that start together race for the shared
+/// device-plugin socket (the loser exits with "address already in use"): waits, at most 30 s,
+/// until the socket was created after `spawned_at` (by this kubelet) or the kubelet exited
+/// (which the readiness check then reports).
+fn wait_for_own_socket(kubelet: &mut ManagedProcess, spawned_at: std::time::SystemTime) {
+    let socket = Path::new(KUBELET_DEVICE_PLUGINS).join("kubelet.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && kubelet.exited().is_none() {
+        let fresh = std::fs::metadata(&socket)
+            .and_then(|metadata| metadata.modified())
+            .is_ok_and(|modified| modified >= spawned_at);
+        if fresh {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
 
 /// Ports of one kubelet.
 pub(crate) struct NodePorts {
@@ -183,12 +201,17 @@ featureGates:
             source: node.device_plugins_dir(),
             target: PathBuf::from(KUBELET_DEVICE_PLUGINS),
         };
-        let kubelet = cluster.spawn_with_mounts(
+        let spawned_at = std::time::SystemTime::now();
+        let mut kubelet = cluster.spawn_with_mounts(
             &format!("kubelet-{name}"),
             "kubelet",
             &args,
             &[device_plugins],
         )?;
+        if !mount_namespaces_available() {
+            // Shared host path: let this kubelet bind its socket before the next one starts.
+            wait_for_own_socket(&mut kubelet, spawned_at);
+        }
         node.lock().kubelet = Some(kubelet);
         Ok(node)
     }

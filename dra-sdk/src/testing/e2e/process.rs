@@ -42,6 +42,10 @@ pub(crate) struct PrivateMount {
     pub(crate) target: PathBuf,
 }
 
+/// Environment variable: when set, kubelets are not isolated (as where mount namespaces are
+/// unavailable), to test that path.
+pub const ENV_SHARED_DEVICE_PLUGINS: &str = "DRA_E2E_SHARED_DEVICE_PLUGINS";
+
 /// Where `unshare` (util-linux, like `setpriv`) is looked for.
 const UNSHARE: &str = "/usr/bin/unshare";
 
@@ -52,11 +56,13 @@ const MOUNT_THEN_EXEC: &str = r#"while [ "$1" != -- ]; do mount --bind "$1" "$2"
 
 /// Whether each kubelet gets a mount namespace of its own (see the module docs): `unshare
 /// --mount` works here, which needs root and `CAP_SYS_ADMIN` (a container may withhold it even
-/// from root) and util-linux's `unshare`. Probed once per process.
+/// from root) and util-linux's `unshare`, and [`ENV_SHARED_DEVICE_PLUGINS`] is not set. Probed
+/// once per process.
 pub fn mount_namespaces_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        rustix::process::geteuid().is_root()
+        std::env::var_os(ENV_SHARED_DEVICE_PLUGINS).is_none()
+            && rustix::process::geteuid().is_root()
             && Command::new(UNSHARE)
                 .args(["--mount", "--propagation", "private", "--", "/bin/true"])
                 .stdin(Stdio::null())
