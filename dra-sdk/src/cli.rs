@@ -76,7 +76,17 @@ pub struct PluginArgs {
     /// Requests to the API server that may go at once before --kube-api-qps holds them back.
     #[arg(long, env = "KUBE_API_BURST", default_value_t = 10)]
     pub kube_api_burst: u32,
+
+    /// Worker threads of the plugin's async runtime ([`PluginArgs::runtime`]). Default: the
+    /// CPUs available to the process, at most 4. A plugin waits on the kubelet, the API server
+    /// and the disk; on a node with 128 CPUs, one worker per CPU only adds idle threads and
+    /// memory.
+    #[arg(long, env = "WORKER_THREADS")]
+    pub worker_threads: Option<std::num::NonZeroUsize>,
 }
+
+/// The most worker threads [`PluginArgs::runtime`] starts unless `--worker-threads` says more.
+pub const DEFAULT_MAX_WORKER_THREADS: usize = 4;
 
 /// Why [`PluginArgs::kube_client`] could not build a client.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +128,46 @@ impl PluginArgs {
                 flag: "healthcheck-port",
                 message: format!("{} is not a TCP port", self.healthcheck_port),
             })
+    }
+
+    /// The number of worker threads for the plugin's runtime: `--worker-threads`, else the
+    /// CPUs available, at most [`DEFAULT_MAX_WORKER_THREADS`].
+    pub fn worker_threads(&self) -> usize {
+        self.worker_threads.map_or_else(
+            || {
+                std::thread::available_parallelism()
+                    .map_or(1, std::num::NonZeroUsize::get)
+                    .min(DEFAULT_MAX_WORKER_THREADS)
+            },
+            std::num::NonZeroUsize::get,
+        )
+    }
+
+    /// A multi-threaded Tokio runtime with [`worker_threads`](Self::worker_threads) workers
+    /// and every driver enabled, for a plugin's `main` (instead of `#[tokio::main]`, whose
+    /// runtime starts one worker per CPU).
+    ///
+    /// ```
+    /// use clap::Parser;
+    /// use dra_sdk::cli::PluginArgs;
+    ///
+    /// #[derive(Parser)]
+    /// struct Cli {
+    ///     #[command(flatten)]
+    ///     plugin: PluginArgs,
+    /// }
+    ///
+    /// let cli = Cli::parse_from(["my-plugin", "--node-name", "node-a", "--worker-threads", "2"]);
+    /// let runtime = cli.plugin.runtime()?;
+    /// assert_eq!(runtime.metrics().num_workers(), 2);
+    /// runtime.block_on(async { /* start the plugin */ });
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn runtime(&self) -> std::io::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(self.worker_threads())
+            .enable_all()
+            .build()
     }
 
     /// The client-side rate limit of `--kube-api-qps` and `--kube-api-burst`.
@@ -194,6 +244,28 @@ mod tests {
 
     fn parse(args: &[&str]) -> PluginArgs {
         <Cli as clap::Parser>::parse_from([&["plugin", "--node-name", "n"], args].concat()).plugin
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_cpus_at_most_four_and_the_flag_wins() {
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(
+            parse(&[]).worker_threads(),
+            cpus.min(DEFAULT_MAX_WORKER_THREADS)
+        );
+        assert_eq!(parse(&["--worker-threads", "16"]).worker_threads(), 16);
+        let runtime = parse(&["--worker-threads", "3"]).runtime().unwrap();
+        assert_eq!(runtime.metrics().num_workers(), 3);
+        assert!(
+            <Cli as clap::Parser>::try_parse_from([
+                "plugin",
+                "--node-name",
+                "n",
+                "--worker-threads",
+                "0"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

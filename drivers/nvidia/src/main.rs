@@ -10,8 +10,7 @@ use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     // `RUST_LOG` as `level` and `target=level` directives (`Targets`, not `EnvFilter`: no regex
     // engine in a binary that stays resident on every GPU node).
     let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
@@ -31,7 +30,15 @@ async fn main() -> Result<()> {
     if cli.nvidia.print_profile {
         return print_profile(&cli);
     }
+    // Not `#[tokio::main]`: its runtime starts a worker per CPU, idle threads and memory on
+    // a large GPU node (`--worker-threads`).
+    cli.plugin
+        .runtime()
+        .context("starting the async runtime")?
+        .block_on(run(cli))
+}
 
+async fn run(cli: Cli) -> Result<()> {
     // Discovery reads sysfs and NVML: blocking work, done before the runtime serves anything.
     // Devices prepared before a restart stay reserved until unprepared.
     let prepared = prepared_claims(&cli.plugin).context("reading the checkpoint")?;

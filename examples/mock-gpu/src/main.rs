@@ -53,8 +53,7 @@ struct DriverArgs {
     gpu_allow_multiple_allocations: bool,
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+fn main() -> Result<()> {
     // `RUST_LOG` as `level` and `target=level` directives. `Targets` rather than `EnvFilter`:
     // EnvFilter's span and field matching brings a regex engine into the executable, and
     // every megabyte of code shows up in the plugin's resident memory on every node.
@@ -80,7 +79,11 @@ async fn main() -> Result<()> {
         std::process::exit(2);
     }
     let cli = Cli::parse();
-    run(cli.plugin, cli.driver).await
+    // Not `#[tokio::main]`, whose runtime starts a worker per CPU: `--worker-threads`.
+    cli.plugin
+        .runtime()
+        .context("starting the async runtime")?
+        .block_on(run(cli.plugin, cli.driver))
 }
 
 async fn run(args: PluginArgs, driver_args: DriverArgs) -> Result<()> {
