@@ -296,6 +296,7 @@ struct Inner {
     slices: Mutex<Slices>,
     /// The claim status writer, set once the plugin has its API client.
     device_status: std::sync::OnceLock<Arc<DeviceStatusWriter>>,
+    client: std::sync::OnceLock<kube::Client>,
 }
 
 /// What the ResourceSlices are made of: the driver's devices and the taints of their states.
@@ -375,6 +376,7 @@ impl DriverContext {
                     ..Slices::default()
                 }),
                 device_status: std::sync::OnceLock::new(),
+                client: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -592,9 +594,21 @@ impl DriverContext {
 
     /// Gives the context the plugin's API client, for [`device_status`](Self::device_status).
     pub(crate) fn attach_client(&self, client: kube::Client) {
-        let writer = DeviceStatusWriter::new(client, self.inner.driver_name.clone());
+        let writer = DeviceStatusWriter::new(client.clone(), self.inner.driver_name.clone());
         // Attached once, at start; a second call would carry the same client.
         let _ = self.inner.device_status.set(Arc::new(writer));
+        let _ = self.inner.client.set(client);
+    }
+
+    /// The plugin's API client (the one given to the plugin builder), for drivers that manage
+    /// objects of their own, for example the NVIDIA driver's MPS control-daemon Deployments.
+    /// Attached before [`Driver::start`](crate::driver::Driver::start) runs; cheap to clone.
+    pub fn client(&self) -> Result<kube::Client, ContextError> {
+        self.inner
+            .client
+            .get()
+            .cloned()
+            .ok_or(ContextError::NoApiClient)
     }
 
     /// The writer of this driver's entries in claims' `status.devices` (KEP-4817): one

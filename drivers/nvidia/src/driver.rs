@@ -88,7 +88,8 @@ use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
 use crate::mig::MigManager;
-use crate::sharing::{AppliedSharing, ConsumableShares, MpsSettings, SharedAllocation};
+use crate::sharing::mps::{DeploymentRunner, MpsDeploymentConfig};
+use crate::sharing::{AppliedSharing, ConsumableShares, MpsRunner, MpsSettings, SharedAllocation};
 
 /// The driver name upstream uses.
 pub const DRIVER_NAME: &str = "gpu.nvidia.com";
@@ -112,6 +113,7 @@ pub struct NvidiaDriverBuilder {
     prepared: Vec<(String, ClaimRecord)>,
     health: Option<HealthPolicy>,
     mps: MpsSettings,
+    mps_deployments: Option<MpsDeploymentConfig>,
     consumable: ConsumableShares,
     mig: Option<Arc<dyn MigManager>>,
 }
@@ -122,6 +124,16 @@ impl NvidiaDriverBuilder {
     /// `/var/lib/kubelet/plugins/gpu.nvidia.com/mps` and readiness backoff.
     pub fn mps(mut self, settings: MpsSettings) -> Self {
         self.mps = settings;
+        self
+    }
+
+    /// Runs MPS control daemons as Deployments in `config.namespace` with `config.image`
+    /// (the plugin's `--namespace` and `--image-name`), as upstream, so that they outlive the
+    /// plugin's container; see [`crate::sharing::mps::deployment`]. The plugin's API client
+    /// comes from the [`DriverContext`] at start. Default: none, daemons run as detached host
+    /// processes, which do not survive a restart of the plugin's container.
+    pub fn mps_deployments(mut self, config: MpsDeploymentConfig) -> Self {
+        self.mps_deployments = Some(config);
         self
     }
 
@@ -225,6 +237,8 @@ impl NvidiaDriverBuilder {
                 reservations: Mutex::new(reservations),
                 health: self.health,
                 mps: self.mps,
+                mps_deployments: self.mps_deployments,
+                mps_runner: Mutex::new(MpsRunner::HostProcess),
                 consumable: self.consumable,
                 context: Mutex::new(None),
                 mig: self.mig,
@@ -252,6 +266,11 @@ struct Inner {
     reservations: Mutex<Reservations>,
     health: Option<HealthPolicy>,
     mps: MpsSettings,
+    /// Set: new MPS daemons run as Deployments (once `start` gave the API client).
+    mps_deployments: Option<MpsDeploymentConfig>,
+    /// Where daemons run: [`MpsRunner::Deployment`] from `start` on when `mps_deployments`
+    /// is set.
+    mps_runner: Mutex<MpsRunner>,
     consumable: ConsumableShares,
     /// The context of the plugin that started the driver last (`start`): reconcile writes
     /// restarted daemons' records with it.
@@ -275,6 +294,7 @@ impl NvidiaDriver {
             prepared: Vec::new(),
             health: None,
             mps: MpsSettings::default(),
+            mps_deployments: None,
             consumable: ConsumableShares::Disabled,
             mig: None,
         }
@@ -674,6 +694,14 @@ impl Inner {
         self.reservations
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Where MPS daemons run now.
+    fn mps_runner(&self) -> MpsRunner {
+        self.mps_runner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn binder(&self) -> VfioBinder<'_> {
@@ -1140,6 +1168,20 @@ impl Driver for NvidiaDriver {
             .context
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(ctx.clone());
+        if let Some(config) = &self.inner.mps_deployments {
+            let runner = DeploymentRunner::new(
+                ctx.client()?,
+                tokio::runtime::Handle::current(),
+                ctx.node_name(),
+                config.clone(),
+            );
+            tracing::info!(namespace = %config.namespace, image = %config.image, "MPS control daemons run as Deployments");
+            *self
+                .inner
+                .mps_runner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = MpsRunner::Deployment(runner);
+        }
         let Some(policy) = self.inner.health.clone() else {
             return Ok(());
         };

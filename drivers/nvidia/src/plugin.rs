@@ -36,6 +36,7 @@ use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
 use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
 use crate::mig::MigManager;
+use crate::sharing::mps::MpsDeploymentConfig;
 use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 
 /// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
@@ -61,8 +62,8 @@ pub struct Cli {
 /// The NVIDIA driver's flags, with upstream's names and environment variables.
 #[derive(Clone, Debug, clap::Args)]
 pub struct NvidiaArgs {
-    /// Namespace the plugin runs in (from the downward API). Upstream creates its MPS control
-    /// daemons there; this driver records it for the same use.
+    /// Namespace the plugin runs in (from the downward API). With MPSSupport and
+    /// --image-name, MPS control-daemon Deployments are created there, as upstream.
     #[arg(long, env = "NAMESPACE", default_value = "default")]
     pub namespace: String,
 
@@ -99,9 +100,10 @@ pub struct NvidiaArgs {
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: FeatureGates,
 
-    /// The image the plugin's pods run (the chart passes its `image.*`). Upstream runs its MPS
-    /// control-daemon Deployments from it; this driver runs MPS control daemons as processes
-    /// on the node (docs/sharing.md), so it only logs it at start, for the same values to work.
+    /// The image the plugin's pods run (the chart passes its `image.*`). With MPSSupport, each
+    /// MPS control daemon runs as a Deployment of this image in --namespace, as upstream, and
+    /// so outlives the plugin's container; without it, daemons are host processes spawned by
+    /// the plugin, which a restart of its container kills (docs/sharing.md).
     #[arg(long, env = "IMAGE_NAME")]
     pub image_name: Option<String>,
 
@@ -305,7 +307,6 @@ impl NvidiaPlugin {
                     value: image.clone(),
                 });
             }
-            tracing::info!(image = %image, "image name (used by no feature of this driver)");
         }
         let consumable: ConsumableShares = args.consumable_shares.parse()?;
         if consumable.is_enabled() && !gates.is_enabled(FeatureGate::ConsumableShares) {
@@ -404,6 +405,23 @@ impl NvidiaPlugin {
             .prepared_claims(prepared);
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
+        }
+        match (&args.image_name, args.feature_gates.is_enabled(FeatureGate::MpsSupport)) {
+            (Some(image), true) => {
+                tracing::info!(image = %image, namespace = %args.namespace, "MPS control daemons run as Deployments of this image");
+                builder = builder.mps_deployments(MpsDeploymentConfig {
+                    namespace: args.namespace.clone(),
+                    image: image.clone(),
+                });
+            }
+            (None, true) => tracing::warn!(
+                "no --image-name: MPS control daemons run as host processes, which do not \
+                 survive a restart of the plugin's container"
+            ),
+            (Some(image), false) => {
+                tracing::info!(image = %image, "image name (used by MPSSupport only, which is off)");
+            }
+            (None, false) => {}
         }
         if let Some(policy) = health {
             builder = builder.health(policy);

@@ -95,7 +95,7 @@ fn every_rendered_object_is_valid_for_the_api_server() {
         for document in &documents {
             // Namespaced objects carry the release namespace, so the output applies as is.
             let kind = document["kind"].as_str().unwrap_or_default();
-            if ["ServiceAccount", "DaemonSet", "Service"].contains(&kind) {
+            if ["ServiceAccount", "DaemonSet", "Service", "Role", "RoleBinding"].contains(&kind) {
                 assert_eq!(
                     document["metadata"]["namespace"],
                     NAMESPACE,
@@ -237,6 +237,45 @@ fn the_defaults_render_what_the_readme_lists() {
         text.contains("s.spec.driver == \\\"gpu.nvidia.com\\\""),
         "{text}"
     );
+}
+
+#[test]
+fn mps_gets_a_role_for_its_daemon_deployments_in_the_release_namespace_only() {
+    let Some(helm) = helm_or_skip() else { return };
+    // Without MPSSupport: no Role (the defaults' kinds are checked above).
+    let defaults = rendered(&helm, "defaults-values.yaml");
+    assert!(!defaults.iter().any(|d| d["kind"] == "Role"));
+    let all = rendered(&helm, "all-options-values.yaml");
+    let role = find(&all, "Role");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(
+        role["rules"],
+        serde_json::json!([
+            {"apiGroups": ["apps"], "resources": ["deployments"],
+             "verbs": ["create", "get", "list", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ])
+    );
+    // The ClusterRole does not grow: Deployments are namespaced to the plugin's own.
+    let cluster_role = find(&all, "ClusterRole").to_string();
+    assert!(!cluster_role.contains("deployments"), "{cluster_role}");
+    let binding = find(&all, "RoleBinding");
+    assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"][0]["name"],
+        find(&all, "ServiceAccount")["metadata"]["name"]
+    );
+    // The plugin creates them in its own namespace with its own image.
+    let env = env_map(container(&all));
+    assert_eq!(
+        env["NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    assert!(env["IMAGE_NAME"]["value"].as_str().is_some_and(|image| !image.is_empty()));
+    let gates = env["FEATURE_GATES"]["value"].as_str().unwrap();
+    assert!(gates.contains("MPSSupport=true"), "{gates}");
 }
 
 #[test]

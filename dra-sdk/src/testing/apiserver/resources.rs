@@ -111,9 +111,18 @@ impl ResourceType {
         .without_delete_collection()
         .returns_status_on_delete()
         .validator(validate_namespace);
+    /// `apps/v1` Deployments: namespaced, `/status` subresource (cleared on create). Only
+    /// generic object semantics: no ReplicaSets or Pods are made, and a delete (whatever its
+    /// propagation policy) removes the object at once; a test plays the controllers by writing
+    /// `status` (for example `readyReplicas`) itself.
+    pub const DEPLOYMENTS: Self = Self::new("apps", "v1", "deployments", "Deployment")
+        .in_namespaces()
+        .short_names(&["deploy"])
+        .status_subresource(true);
 
     /// The kinds served by default: ResourceClaims, ResourceClaimTemplates, ResourceSlices,
-    /// DeviceClasses (all `resource.k8s.io/v1`), and core Nodes, Pods and Namespaces.
+    /// DeviceClasses (all `resource.k8s.io/v1`), core Nodes, Pods and Namespaces, and `apps/v1`
+    /// Deployments.
     pub fn defaults() -> Vec<Self> {
         vec![
             Self::RESOURCE_CLAIMS,
@@ -123,6 +132,7 @@ impl ResourceType {
             Self::NODES,
             Self::PODS,
             Self::NAMESPACES,
+            Self::DEPLOYMENTS,
         ]
     }
 

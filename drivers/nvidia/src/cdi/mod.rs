@@ -171,11 +171,24 @@ impl DriverRoot {
     /// relative to the driver root): the path in the plugin's filesystem, to run or load it
     /// from there (`/driver-root/usr/bin/nvidia-smi`). `None` when none exists.
     pub fn find(&self, dirs: &[&str], names: &[&str]) -> Result<Option<PathBuf>, HostError> {
+        Ok(self
+            .find_relative(dirs, names)?
+            .map(|relative| self.files.resolve(Path::new(&relative))))
+    }
+
+    /// Like [`find`](Self::find), but the path relative to the driver root
+    /// (`/usr/bin/nvidia-cuda-mps-control`): where another container that mounts the driver
+    /// root finds the file.
+    pub fn find_relative(
+        &self,
+        dirs: &[&str],
+        names: &[&str],
+    ) -> Result<Option<String>, HostError> {
         for dir in dirs {
             for name in names {
                 let relative = format!("{dir}/{name}");
                 if self.exists(&relative)? {
-                    return Ok(Some(self.files.resolve(Path::new(&relative))));
+                    return Ok(Some(relative));
                 }
             }
         }

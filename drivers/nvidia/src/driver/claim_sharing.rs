@@ -8,8 +8,8 @@ use dra_sdk::driver::{ClaimRef, DriverError};
 
 use super::{ClaimState, Inner, Planned, PreparedKind, ReconcileReport, Reservations, Target};
 use crate::config::{NvidiaConfig, SharingStrategy};
-use crate::sharing::mps::{self, Readoption};
-use crate::sharing::{AppliedSharing, SharedDevice, SharingError, Tools, timeslicing};
+use crate::sharing::mps::{self, DeploymentRunner, Readoption};
+use crate::sharing::{AppliedSharing, MpsRunner, SharedDevice, SharingError, Tools, timeslicing};
 
 /// The devices of a claim that share one config with a sharing strategy.
 struct Group<'a> {
@@ -127,6 +127,15 @@ pub(super) fn apply(
     }
     let tools = Tools::find(inner.host.as_ref(), inner.cdi.driver_root())
         .map_err(|error| DriverError::Unavailable(error.to_string()))?;
+    let runner = inner.mps_runner();
+    if let (Some(config), MpsRunner::HostProcess) = (&inner.mps_deployments, &runner) {
+        // Never fall back to a host process that a container restart would kill.
+        return Err(DriverError::Unavailable(format!(
+            "MPS control daemons run as Deployments (image {}), but the driver was not \
+             started by a plugin with an API client",
+            config.image
+        )));
+    }
     let mut applied = Vec::new();
     for (index, group) in groups.iter().enumerate() {
         let Some((strategy, mps_config, interval)) = group.config.sharing() else {
@@ -143,6 +152,7 @@ pub(super) fn apply(
                 mps::start(
                     &tools,
                     &inner.mps,
+                    &runner,
                     &id,
                     mps_config.unwrap_or(&default),
                     &group.devices,
@@ -189,6 +199,7 @@ pub(super) fn undo(inner: &Inner, uid: &str, applied: &[AppliedSharing]) -> Vec<
         Ok(tools) => tools,
         Err(error) => return vec![error.to_string()],
     };
+    let runner = inner.mps_runner();
     let mut failures = Vec::new();
     for sharing in applied.iter().rev() {
         let free = |gpus: &[String]| -> Vec<String> {
@@ -208,7 +219,7 @@ pub(super) fn undo(inner: &Inner, uid: &str, applied: &[AppliedSharing]) -> Vec<
             }
             AppliedSharing::Mps(record) => {
                 let reset = free(&record.exclusive_gpus);
-                if let Err(error) = mps::stop(&tools, &inner.mps, record, &reset) {
+                if let Err(error) = mps::stop(&tools, &inner.mps, &runner, record, &reset) {
                     failures.push(format!("stopping MPS daemon {}: {error}", record.id));
                 }
             }
@@ -227,6 +238,7 @@ pub(super) fn reconcile_daemons(
 ) {
     let mut owned: BTreeSet<String> = BTreeSet::new();
     let tools = Tools::find(inner.host.as_ref(), inner.cdi.driver_root());
+    let runner = inner.mps_runner();
     for (claim, state) in completed {
         let mut updated = state.clone();
         let mut changed = false;
@@ -244,7 +256,7 @@ pub(super) fn reconcile_daemons(
                     continue;
                 }
             };
-            match mps::ensure_running(tools, &inner.mps, record) {
+            match mps::ensure_running(tools, &inner.mps, &runner, record) {
                 Ok(Readoption::Adopted) => report.daemons_adopted.push(record.id.clone()),
                 Ok(Readoption::Restarted(new)) => {
                     report.daemons_restarted.push(record.id.clone());
@@ -288,6 +300,46 @@ pub(super) fn reconcile_daemons(
             .to_owned();
         let failures = undo(inner, &uid, &[AppliedSharing::Mps(record.clone())]);
         report.failures.extend(failures);
+        stopped.insert(record.id.clone());
         report.daemons_stopped.push(record.id);
+    }
+    if let MpsRunner::Deployment(deployments) = &runner {
+        delete_unowned_deployments(inner, deployments, &owned, &stopped, report);
+    }
+}
+
+/// Deletes the daemon Deployments of this node that no completed claim owns and whose daemon
+/// directory was not found above (its record lost): old enough not to belong to a prepare
+/// still running in another plugin instance ([`MpsSettings::orphan_grace`]).
+///
+/// [`MpsSettings::orphan_grace`]: crate::sharing::MpsSettings::orphan_grace
+fn delete_unowned_deployments(
+    inner: &Inner,
+    deployments: &DeploymentRunner,
+    owned: &BTreeSet<String>,
+    stopped: &BTreeSet<String>,
+    report: &mut ReconcileReport,
+) {
+    let ours = match deployments.ours() {
+        Ok(ours) => ours,
+        Err(error) => {
+            report.failures.push(error.to_string());
+            return;
+        }
+    };
+    for found in ours {
+        if owned.contains(&found.id)
+            || stopped.contains(&found.id)
+            || found.age < inner.mps.orphan_grace
+        {
+            continue;
+        }
+        tracing::warn!(id = %found.id, deployment = %found.deployment.name, "MPS control daemon Deployment no prepared claim owns; deleting it");
+        match deployments.delete(&found.deployment, inner.mps.delete_timeout) {
+            Ok(()) => report.daemons_stopped.push(found.id),
+            Err(error) => report
+                .failures
+                .push(format!("MPS daemon {}: {error}", found.id)),
+        }
     }
 }

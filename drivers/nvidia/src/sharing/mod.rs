@@ -31,7 +31,7 @@ use crate::cdi::{BINARY_DIRS, DriverRoot, LIBRARY_DIRS};
 use crate::host::{CommandOutput, Host, HostCommand, HostError};
 
 pub use consumable::{ConsumableShares, ConsumableSharesError, SharedAllocation};
-pub use mps::{MpsDaemonRecord, MpsSettings};
+pub use mps::{MpsDaemonRecord, MpsRunner, MpsSettings};
 pub use timeslicing::TimeSliceRecord;
 
 /// One device of a sharing group, as the sharing code needs it.
@@ -91,6 +91,14 @@ pub enum SharingError {
         /// What happened.
         reason: String,
     },
+    /// A call to the API server failed (MPS control-daemon Deployments).
+    #[error("{action}: {source}")]
+    Api {
+        /// What was being done (`creating Deployment nvidia-dra/mps-control-daemon-…`).
+        action: String,
+        /// The client's error.
+        source: kube::Error,
+    },
     /// A directory of the plugin could not be made, read or removed.
     #[error("{action} {path}: {source}")]
     Io {
@@ -132,6 +140,7 @@ pub struct Tools<'a> {
     nvidia_smi: String,
     mps_control: String,
     env: Vec<(String, String)>,
+    daemon: mps::DaemonCommand,
 }
 
 /// `nvidia-smi`.
@@ -159,7 +168,14 @@ impl<'a> Tools<'a> {
             nvidia_smi: binary(NVIDIA_SMI)?,
             mps_control: binary(MPS_CONTROL)?,
             env,
+            daemon: mps::DaemonCommand::find(driver_root)?,
         })
+    }
+
+    /// How an MPS control-daemon Deployment runs `nvidia-cuda-mps-control` from the driver
+    /// root (see [`mps::deployment`]).
+    pub fn daemon_command(&self) -> &mps::DaemonCommand {
+        &self.daemon
     }
 
     /// The host the tools run on.

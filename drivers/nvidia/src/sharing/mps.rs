@@ -10,14 +10,25 @@
 //!    `65536k` when `/proc/meminfo` cannot be read), as upstream.
 //! 3. `nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS` for each full GPU (MIG devices: their
 //!    parent may serve other claims, so its compute mode is left alone).
-//! 4. `nvidia-cuda-mps-control -f [-M]` spawned detached ([`Host::spawn`](crate::host::Host::spawn)),
-//!    with `CUDA_VISIBLE_DEVICES=<uuids>`, `CUDA_MPS_PIPE_DIRECTORY` and
-//!    `CUDA_MPS_LOG_DIRECTORY`. Foreground mode (`-f`) rather than upstream's `-d`: the
-//!    process the plugin starts *is* the daemon, so its pid and start time identify it.
+//! 4. `nvidia-cuda-mps-control -f [-M]` with `CUDA_VISIBLE_DEVICES=<uuids>`,
+//!    `CUDA_MPS_PIPE_DIRECTORY` and `CUDA_MPS_LOG_DIRECTORY`, started by the plugin's
+//!    [`MpsRunner`]:
+//!    * [`MpsRunner::Deployment`] (the plugin has `--image-name`, as the chart sets it): a
+//!      Deployment `mps-control-daemon-<id>` in the plugin's namespace, pinned to the node, as
+//!      upstream ([`deployment`]). The kubelet runs it whatever happens to the plugin's
+//!      container, so the daemon survives a container restart and a DaemonSet upgrade.
+//!    * [`MpsRunner::HostProcess`] (no image: development, tests, hosts without the chart):
+//!      a process spawned detached ([`Host::spawn`](crate::host::Host::spawn)). It survives a
+//!      restart of the plugin's *process*, but not of a container it runs in: the container
+//!      runtime kills every process of the container.
+//!
+//!    Foreground mode (`-f`) rather than upstream's `-d`: what the runner starts *is* the
+//!    daemon (a process identified by pid and start time; the Deployment's container).
 //!    The record is also written to `<mps root>/<id>/daemon.json`, so a daemon whose claim
 //!    never reached the checkpoint is still found and stopped at the next start.
-//! 5. Readiness: the process runs and its control socket `<pipe>/control` exists, checked with
-//!    upstream's backoff (1 s, doubling, 4 steps, at most 10 s each).
+//! 5. Readiness: the control socket `<pipe>/control` exists, and the process runs (host
+//!    process) or the Deployment has one ready replica whose pod's container is Ready;
+//!    checked with upstream's backoff (1 s, doubling, 4 steps, at most 10 s each).
 //! 6. The limits, each sent on the control pipe (`echo <cmd> | nvidia-cuda-mps-control`):
 //!    `set_default_active_thread_percentage <p>` and
 //!    `set_default_device_pinned_mem_limit <uuid> <n>M` (whole MiB).
@@ -34,11 +45,18 @@
 //!
 //! # Restart and stop
 //!
-//! The checkpointed [`MpsDaemonRecord`] names the process by pid *and* start time. At start
-//! ([`ensure_running`]) a recorded daemon that still runs is adopted as is; one that does not
-//! is started again with the same directories and limits. Unprepare ([`stop`]) sends `quit`
-//! on the control pipe, waits, then SIGTERM and SIGKILL; unmounts the tmpfs, sets the compute
-//! mode back to `DEFAULT` (unless another claim uses the GPU) and removes the directories.
+//! The checkpointed [`MpsDaemonRecord`] names the process by pid *and* start time, or the
+//! Deployment by namespace, name and UID. At start ([`ensure_running`]) a recorded daemon that
+//! still runs (its Deployment exists, with the recorded UID) is adopted as is; one that does
+//! not is started again with the same directories and limits, by the runner that started it.
+//! Unprepare ([`stop`]) ends the daemon: for a host process, `quit` on the control pipe, a
+//! wait, then SIGTERM and SIGKILL; for a Deployment, a delete with `Foreground` propagation
+//! and a wait until it is gone. Then, for both, it unmounts the tmpfs, sets the compute mode
+//! back to `DEFAULT` (unless another claim uses the GPU) and removes the directories.
+//!
+//! Only the start and the end of the daemon differ between the runners ([`MpsRunner`]); the
+//! directories, the tmpfs, the compute modes, the limits, the record and the rollback are the
+//! same code.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +68,12 @@ use serde::{Deserialize, Serialize};
 use super::{SharedDevice, SharingError, Tools};
 use crate::config::MpsConfig;
 use crate::host::{HostCommand, ProcessId};
+
+pub mod deployment;
+
+pub use deployment::{
+    DaemonCommand, DeploymentRef, DeploymentRunner, MpsDeploymentConfig, OwnedDeployment,
+};
 
 /// Where containers find the pipe directory (upstream's path).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
@@ -81,6 +105,8 @@ pub struct MpsSettings {
     /// least this old: a younger one may belong to a prepare still running in another
     /// instance of the plugin (a rolling update).
     pub orphan_grace: Duration,
+    /// How long a daemon Deployment gets to disappear once deleted (its pod terminating).
+    pub delete_timeout: Duration,
 }
 
 impl Default for MpsSettings {
@@ -93,8 +119,51 @@ impl Default for MpsSettings {
             ready_cap: Duration::from_secs(10),
             stop_grace: Duration::from_secs(10),
             orphan_grace: Duration::from_secs(120),
+            delete_timeout: Duration::from_secs(60),
         }
     }
+}
+
+/// Where new MPS control daemons run; see the [module documentation](self). A recorded daemon
+/// is always managed the way it was started, whatever the runner is now.
+#[derive(Clone, Debug, Default)]
+pub enum MpsRunner {
+    /// A process spawned detached on the host ([`Host::spawn`](crate::host::Host::spawn)).
+    #[default]
+    HostProcess,
+    /// A Deployment per daemon ([`deployment`]).
+    Deployment(DeploymentRunner),
+}
+
+impl MpsRunner {
+    /// The Deployment runner, to manage a daemon recorded as a Deployment.
+    fn deployments(&self, record: &MpsDaemonRecord) -> Result<&DeploymentRunner, SharingError> {
+        match self {
+            Self::Deployment(runner) => Ok(runner),
+            Self::HostProcess => Err(SharingError::Daemon {
+                id: record.id.clone(),
+                reason: format!(
+                    "it runs as {}, but this plugin has no --image-name and so manages no \
+                     Deployments: set --image-name, or delete the Deployment",
+                    record
+                        .deployment
+                        .as_ref()
+                        .map_or_else(String::new, ToString::to_string)
+                ),
+            }),
+        }
+    }
+}
+
+/// One readiness check's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// Ready.
+    Ready,
+    /// Not yet, because of this.
+    Waiting(String),
+    /// Never will be (the process exited, the Deployment went away).
+    Failed(String),
 }
 
 /// A started MPS control daemon, as the checkpoint keeps it.
@@ -109,8 +178,12 @@ pub struct MpsDaemonRecord {
     pub uuids: Vec<String>,
     /// Full GPUs whose compute mode was set to `EXCLUSIVE_PROCESS`.
     pub exclusive_gpus: Vec<String>,
-    /// The daemon process.
+    /// The daemon process (pid 0 for a daemon running as a Deployment).
     pub process: ProcessId,
+    /// The daemon's Deployment, when [`MpsRunner::Deployment`] started it; `None` for a host
+    /// process (and in records of versions without Deployments).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<DeploymentRef>,
     /// `<mps root>/<id>`.
     pub dir: PathBuf,
     /// Whether a tmpfs was mounted on the shm directory.
@@ -235,6 +308,7 @@ pub fn control_commands(
 pub fn start(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     id: &str,
     config: &MpsConfig,
     devices: &[SharedDevice],
@@ -249,18 +323,19 @@ pub fn start(
             pid: 0,
             start_time: 0,
         },
+        deployment: None,
         dir: settings.root.join(id),
         shm_mounted: false,
         multi_user: config.multi_user == Some(true),
         control_commands,
     };
-    match start_steps(tools, settings, &mut record, devices) {
+    match start_steps(tools, settings, runner, &mut record, devices) {
         Ok(()) => {
-            tracing::info!(pid = record.process.pid, dir = %record.dir.display(), "MPS control daemon ready");
+            tracing::info!(pid = record.process.pid, deployment = ?record.deployment.as_ref().map(|d| &d.name), dir = %record.dir.display(), "MPS control daemon ready");
             Ok(record)
         }
         Err(error) => {
-            if let Err(cleanup) = stop(tools, settings, &record, &record.exclusive_gpus) {
+            if let Err(cleanup) = stop(tools, settings, runner, &record, &record.exclusive_gpus) {
                 tracing::error!(%cleanup, "undoing a failed MPS daemon start");
             }
             Err(error)
@@ -271,6 +346,7 @@ pub fn start(
 fn start_steps(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     record: &mut MpsDaemonRecord,
     devices: &[SharedDevice],
 ) -> Result<(), SharingError> {
@@ -294,36 +370,59 @@ fn start_steps(
         tools.run(&tools.nvidia_smi(["-i", gpu, "-c", "EXCLUSIVE_PROCESS"]))?;
         record.exclusive_gpus.push(gpu.to_owned());
     }
-    launch(tools, settings, record)
+    launch(tools, settings, runner, record)
 }
 
-/// Spawns the daemon of `record`, waits for it and sends its limits.
+/// Starts the daemon of `record` with `runner`, waits for it and sends its limits.
 fn launch(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     record: &mut MpsDaemonRecord,
 ) -> Result<(), SharingError> {
     // A control socket left by an earlier daemon would pass the readiness check before the
     // new one listens.
     let _ = std::fs::remove_file(record.pipe_dir().join("control"));
-    let mut args = vec!["-f"];
-    if record.multi_user {
-        args.push("-M");
+    let control = record.pipe_dir().join("control");
+    match runner {
+        MpsRunner::HostProcess => {
+            let mut args = vec!["-f"];
+            if record.multi_user {
+                args.push("-M");
+            }
+            let command = tools
+                .mps_control(args)
+                .env("CUDA_VISIBLE_DEVICES", record.uuids.join(","))
+                .env(
+                    "CUDA_MPS_PIPE_DIRECTORY",
+                    record.pipe_dir().display().to_string(),
+                )
+                .env(
+                    "CUDA_MPS_LOG_DIRECTORY",
+                    record.log_dir().display().to_string(),
+                );
+            record.process = tools.host().spawn(&command)?;
+            record.deployment = None;
+            write_record(record)?;
+            let process = record.process;
+            wait_ready(settings, record, || {
+                Ok(if !process.is_running() {
+                    Readiness::Failed("exited before it was ready".to_owned())
+                } else if control.exists() {
+                    Readiness::Ready
+                } else {
+                    Readiness::Waiting(format!("{} does not exist", control.display()))
+                })
+            })?;
+        }
+        MpsRunner::Deployment(deployments) => {
+            let desired = deployments.build(record, tools.daemon_command())?;
+            let created = deployments.create(&record.id, &desired)?;
+            record.deployment = Some(created.clone());
+            write_record(record)?;
+            wait_ready(settings, record, || deployments.readiness(record, &created))?;
+        }
     }
-    let command = tools
-        .mps_control(args)
-        .env("CUDA_VISIBLE_DEVICES", record.uuids.join(","))
-        .env(
-            "CUDA_MPS_PIPE_DIRECTORY",
-            record.pipe_dir().display().to_string(),
-        )
-        .env(
-            "CUDA_MPS_LOG_DIRECTORY",
-            record.log_dir().display().to_string(),
-        );
-    record.process = tools.host().spawn(&command)?;
-    write_record(record)?;
-    wait_ready(settings, record)?;
     for control in &record.control_commands {
         tools.run(&control_command(tools, record, control))?;
     }
@@ -348,22 +447,27 @@ fn write_record(record: &MpsDaemonRecord) -> Result<(), SharingError> {
     std::fs::write(&path, json).map_err(|e| SharingError::io("writing", &path, e))
 }
 
-fn wait_ready(settings: &MpsSettings, record: &MpsDaemonRecord) -> Result<(), SharingError> {
-    let control = record.pipe_dir().join("control");
+/// Runs `check` with upstream's backoff until it answers ready or failed, or the steps run
+/// out; the error names the last reason and the daemon's log.
+fn wait_ready(
+    settings: &MpsSettings,
+    record: &MpsDaemonRecord,
+    mut check: impl FnMut() -> Result<Readiness, SharingError>,
+) -> Result<(), SharingError> {
+    let log = record.log_dir().join("control.log");
     let mut wait = settings.ready_initial;
     let started = Instant::now();
+    let mut reason = String::new();
     for step in 0..=settings.ready_steps {
-        if !record.process.is_running() {
-            return Err(SharingError::Daemon {
-                id: record.id.clone(),
-                reason: format!(
-                    "exited before it was ready (see {})",
-                    record.log_dir().join("control.log").display()
-                ),
-            });
-        }
-        if control.exists() {
-            return Ok(());
+        match check()? {
+            Readiness::Ready => return Ok(()),
+            Readiness::Failed(why) => {
+                return Err(SharingError::Daemon {
+                    id: record.id.clone(),
+                    reason: format!("{why} (see {})", log.display()),
+                });
+            }
+            Readiness::Waiting(why) => reason = why,
         }
         if step == settings.ready_steps {
             break;
@@ -374,10 +478,9 @@ fn wait_ready(settings: &MpsSettings, record: &MpsDaemonRecord) -> Result<(), Sh
     Err(SharingError::Daemon {
         id: record.id.clone(),
         reason: format!(
-            "not ready after {:.1?}: {} does not exist (see {})",
+            "not ready after {:.1?}: {reason} (see {})",
             started.elapsed(),
-            control.display(),
-            record.log_dir().join("control.log").display()
+            log.display()
         ),
     })
 }
@@ -412,10 +515,11 @@ fn shm_size(tools: &Tools<'_>) -> String {
 pub fn stop(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     record: &MpsDaemonRecord,
     reset_gpus: &[String],
 ) -> Result<(), SharingError> {
-    terminate(tools, settings, record)?;
+    terminate(tools, settings, runner, record)?;
     if record.shm_mounted && record.shm_dir().exists() {
         let shm = record.shm_dir().display().to_string();
         match tools.run(&HostCommand::new("umount", [shm])) {
@@ -437,13 +541,20 @@ pub fn stop(
     Ok(())
 }
 
-/// Ends the daemon process of `record`, if it still runs: `quit` on the control pipe, then
-/// SIGTERM, then SIGKILL, each given [`MpsSettings::stop_grace`].
+/// Ends the daemon of `record`, if it still runs. A Deployment is deleted (`Foreground`) and
+/// waited for ([`MpsSettings::delete_timeout`]); a process gets `quit` on the control pipe,
+/// then SIGTERM, then SIGKILL, each given [`MpsSettings::stop_grace`].
 fn terminate(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     record: &MpsDaemonRecord,
 ) -> Result<(), SharingError> {
+    if let Some(deployment) = &record.deployment {
+        return runner
+            .deployments(record)?
+            .delete(deployment, settings.delete_timeout);
+    }
     if record.process.pid == 0 || !record.process.is_running() {
         return Ok(());
     }
@@ -488,13 +599,38 @@ fn wait_exit(process: &ProcessId, grace: Duration) -> bool {
 pub fn ensure_running(
     tools: &Tools<'_>,
     settings: &MpsSettings,
+    runner: &MpsRunner,
     record: &MpsDaemonRecord,
 ) -> Result<Readoption, SharingError> {
-    if record.process.is_running() {
-        tracing::info!(id = %record.id, pid = record.process.pid, "MPS control daemon adopted");
-        return Ok(Readoption::Adopted);
-    }
-    tracing::warn!(id = %record.id, pid = record.process.pid, "MPS control daemon not running; starting it again");
+    // The runner that started it starts it again.
+    let relaunch_with = match &record.deployment {
+        Some(deployment) => {
+            let deployments = runner.deployments(record)?;
+            match deployments.current_uid(deployment)? {
+                Some(uid) if uid == deployment.uid => {
+                    tracing::info!(id = %record.id, deployment = %deployment.name, "MPS control daemon Deployment adopted");
+                    return Ok(Readoption::Adopted);
+                }
+                Some(uid) => {
+                    // Made again by someone else with our name and spec: that one is the
+                    // daemon now (the create below would adopt it too).
+                    tracing::warn!(id = %record.id, deployment = %deployment.name, %uid, "MPS control daemon Deployment has another UID than recorded");
+                }
+                None => {
+                    tracing::warn!(id = %record.id, deployment = %deployment.name, "MPS control daemon Deployment missing; creating it again");
+                }
+            }
+            MpsRunner::Deployment(deployments.clone())
+        }
+        None if record.process.is_running() => {
+            tracing::info!(id = %record.id, pid = record.process.pid, "MPS control daemon adopted");
+            return Ok(Readoption::Adopted);
+        }
+        None => {
+            tracing::warn!(id = %record.id, pid = record.process.pid, "MPS control daemon not running; starting it again");
+            MpsRunner::HostProcess
+        }
+    };
     let mut restarted = record.clone();
     for dir in [
         restarted.pipe_dir(),
@@ -503,10 +639,10 @@ pub fn ensure_running(
     ] {
         std::fs::create_dir_all(&dir).map_err(|e| SharingError::io("creating", &dir, e))?;
     }
-    if let Err(error) = launch(tools, settings, &mut restarted) {
+    if let Err(error) = launch(tools, settings, &relaunch_with, &mut restarted) {
         // Started but not ready: do not leave it running unrecorded.
-        if restarted.process != record.process
-            && let Err(stop) = terminate(tools, settings, &restarted)
+        if (restarted.process != record.process || restarted.deployment != record.deployment)
+            && let Err(stop) = terminate(tools, settings, &relaunch_with, &restarted)
         {
             tracing::error!(id = %record.id, %stop, "stopping a daemon that did not get ready");
         }
@@ -582,6 +718,7 @@ mod tests {
             ready_cap: Duration::from_millis(20),
             stop_grace: Duration::from_millis(100),
             orphan_grace: Duration::ZERO,
+            delete_timeout: Duration::from_millis(100),
         };
         let gone = ProcessId {
             pid: u32::MAX,
@@ -593,12 +730,13 @@ mod tests {
             uuids: vec!["GPU-a".into()],
             exclusive_gpus: Vec::new(),
             process: gone,
+            deployment: None,
             dir: settings.root.join("uid-0"),
             shm_mounted: true,
             multi_user: false,
             control_commands: Vec::new(),
         };
-        let error = ensure_running(&tools, &settings, &record).unwrap_err();
+        let error = ensure_running(&tools, &settings, &MpsRunner::HostProcess, &record).unwrap_err();
         assert!(
             error
                 .to_string()

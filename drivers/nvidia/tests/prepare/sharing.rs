@@ -14,6 +14,9 @@ use dra_sdk::testing::cluster::BOOT_ID;
 
 use super::*;
 
+#[path = "mps_deployments.rs"]
+mod mps_deployments;
+
 /// A tool of the fixture's driver root, as the driver runs it.
 fn tool(f: &Fixture, name: &str) -> String {
     f.driver_root
@@ -278,6 +281,7 @@ fn mps_fixture(profile: &str) -> (Fixture, MpsSettings) {
         ready_cap: Duration::from_millis(200),
         stop_grace: Duration::from_millis(300),
         orphan_grace: Duration::ZERO,
+        delete_timeout: Duration::from_secs(5),
     };
     (f, settings)
 }
