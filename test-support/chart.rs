@@ -325,7 +325,7 @@ pub fn decode(document: &Value) -> Vec<String> {
     };
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
     let api_version = document["apiVersion"].as_str().unwrap_or_default();
     let kind = document["kind"].as_str().unwrap_or_default();
@@ -339,6 +339,8 @@ pub fn decode(document: &Value) -> Vec<String> {
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
             round_trip::<ClusterRoleBinding>(document)
         }
+        ("rbac.authorization.k8s.io/v1", "Role") => round_trip::<Role>(document),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trip::<RoleBinding>(document),
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
             round_trip::<ValidatingAdmissionPolicy>(document)
         }

@@ -681,6 +681,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_api_client_is_there_once_the_plugin_attached_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        assert!(matches!(ctx.client(), Err(ContextError::NoApiClient)));
+        let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+        ctx.attach_client(kube::Client::try_from(config).unwrap());
+        assert!(ctx.client().is_ok());
+        assert!(ctx.device_status().is_ok());
+    }
+
+    #[tokio::test]
     async fn state_taints_are_merged_into_the_published_devices_and_removed_on_recovery() {
         let dir = tempfile::tempdir().unwrap();
         let ctx = context(dir.path());

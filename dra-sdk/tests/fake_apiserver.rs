@@ -166,6 +166,16 @@ async fn crud_for_every_kind() {
     )
     .await;
     crud(
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "default"),
+        from_json(
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+            "spec": {"selector": {"matchLabels": {"app": "d"}}, "template": {
+                "metadata": {"labels": {"app": "d"}},
+                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}),
+        ),
+    )
+    .await;
+    crud(
         Api::<Namespace>::all(client),
         from_json(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})),
     )

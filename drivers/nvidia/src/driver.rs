@@ -310,6 +310,12 @@ impl NvidiaDriver {
         &self.inner.gates
     }
 
+    /// Where new MPS control daemons go as Deployments
+    /// ([`NvidiaDriverBuilder::mps_deployments`]); `None`: they run as host processes.
+    pub fn mps_deployments(&self) -> Option<&MpsDeploymentConfig> {
+        self.inner.mps_deployments.as_ref()
+    }
+
     /// Whether the plugin must serialize prepare and unprepare node-wide
     /// (`PluginBuilder::serialize_operations`): with `DynamicMIG`, so that the start-up
     /// clean-up of one plugin instance never destroys the instance another is creating for a

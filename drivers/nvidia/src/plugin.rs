@@ -301,12 +301,12 @@ impl NvidiaPlugin {
         {
             return Err(SetupError::UnimplementedGate { gate: gate.name() });
         }
-        if let Some(image) = &args.image_name {
-            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
-                return Err(SetupError::ImageName {
-                    value: image.clone(),
-                });
-            }
+        if let Some(image) = &args.image_name
+            && (image.trim().is_empty() || image.chars().any(char::is_whitespace))
+        {
+            return Err(SetupError::ImageName {
+                value: image.clone(),
+            });
         }
         let consumable: ConsumableShares = args.consumable_shares.parse()?;
         if consumable.is_enabled() && !gates.is_enabled(FeatureGate::ConsumableShares) {
@@ -406,7 +406,10 @@ impl NvidiaPlugin {
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
         }
-        match (&args.image_name, args.feature_gates.is_enabled(FeatureGate::MpsSupport)) {
+        match (
+            &args.image_name,
+            args.feature_gates.is_enabled(FeatureGate::MpsSupport),
+        ) {
             (Some(image), true) => {
                 tracing::info!(image = %image, namespace = %args.namespace, "MPS control daemons run as Deployments of this image");
                 builder = builder.mps_deployments(MpsDeploymentConfig {
@@ -755,7 +758,29 @@ mod tests {
             "registry.example.com/gpu-kubelet-plugin:0.1.0",
         ])
         .unwrap();
-        NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        // Without MPSSupport the image runs nothing.
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        assert_eq!(plugin.driver.mps_deployments(), None);
+        // With it, MPS daemons are Deployments of that image in the plugin's namespace.
+        let cli = parse(&[
+            "--mock-profile",
+            "workstation",
+            "--feature-gates",
+            "MPSSupport=true",
+            "--namespace",
+            "nvidia-dra",
+            "--image-name",
+            "registry.example.com/gpu-kubelet-plugin:0.1.0",
+        ])
+        .unwrap();
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        assert_eq!(
+            plugin.driver.mps_deployments(),
+            Some(&MpsDeploymentConfig {
+                namespace: "nvidia-dra".into(),
+                image: "registry.example.com/gpu-kubelet-plugin:0.1.0".into(),
+            })
+        );
         // Any path is the SDK's to check when the HTTP endpoint starts (tests/plugin.rs).
         let cli = parse(&["--mock-profile", "workstation", "--metrics-path", "/m"]).unwrap();
         assert_eq!(cli.nvidia.metrics_path, "/m");

@@ -95,7 +95,15 @@ fn every_rendered_object_is_valid_for_the_api_server() {
         for document in &documents {
             // Namespaced objects carry the release namespace, so the output applies as is.
             let kind = document["kind"].as_str().unwrap_or_default();
-            if ["ServiceAccount", "DaemonSet", "Service", "Role", "RoleBinding"].contains(&kind) {
+            if [
+                "ServiceAccount",
+                "DaemonSet",
+                "Service",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&kind)
+            {
                 assert_eq!(
                     document["metadata"]["namespace"],
                     NAMESPACE,
@@ -273,7 +281,11 @@ fn mps_gets_a_role_for_its_daemon_deployments_in_the_release_namespace_only() {
         env["NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.namespace"
     );
-    assert!(env["IMAGE_NAME"]["value"].as_str().is_some_and(|image| !image.is_empty()));
+    assert!(
+        env["IMAGE_NAME"]["value"]
+            .as_str()
+            .is_some_and(|image| !image.is_empty())
+    );
     let gates = env["FEATURE_GATES"]["value"].as_str().unwrap();
     assert!(gates.contains("MPSSupport=true"), "{gates}");
 }

@@ -10,7 +10,8 @@
 //! events from a file, used by the health test alone, and `node-dynmig` the `dgx-h100` profile
 //! with `DynamicMIG` (every GPU whole or split, kept apart by counters), used by the dynamic
 //! MIG test alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
-//! machine there (feature `demo`).
+//! machine there (feature `demo`). An MPS control-daemon Deployment as the driver builds it
+//! runs on `node-h100` (the real controller manager and kubelet), with no plugin involved.
 
 use std::path::Path;
 use std::time::Duration;
@@ -709,4 +710,124 @@ async fn gpu_demo_runs_against_the_real_cluster() {
             "{name} deleted"
         );
     }
+}
+
+/// An MPS control-daemon Deployment as the driver builds it, on the real cluster: the API
+/// server accepts it (privileged, hostPID, host paths), the real controller manager and
+/// kubelet run its pod on the pinned node without the scheduler (fakecri starts no process,
+/// and the Deployment has no probe, so its container is Ready once it runs), the readiness
+/// check passes once the test plays the daemon by creating its control socket, and the
+/// Foreground delete ends with the Deployment gone (the garbage collector removing its
+/// ReplicaSet and pod first). The whole prepare path is in `tests/prepare/mps_deployments.rs`;
+/// the mock machine has no `nvidia-smi` to run it here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mps_daemon_deployment_runs_on_its_node_and_is_deleted_in_the_foreground() {
+    use dra_driver_nvidia::host::ProcessId;
+    use dra_driver_nvidia::sharing::MpsDaemonRecord;
+    use dra_driver_nvidia::sharing::mps::{
+        DaemonCommand, DeploymentRunner, MpsDeploymentConfig, Readiness,
+    };
+
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let cluster = &fixture.cluster;
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace("mps").await.unwrap();
+    let node = cluster.node(H100_NODE).unwrap();
+    let root = node.root_dir().join("mps-e2e");
+    let record = MpsDaemonRecord {
+        id: "5e2c0c5e-7d6b-4b8e-9d44-3a7b1c0e2f10-0".into(),
+        devices: vec!["gpu-0".into()],
+        uuids: vec!["GPU-e2e".into()],
+        exclusive_gpus: Vec::new(),
+        process: ProcessId {
+            pid: 0,
+            start_time: 0,
+        },
+        deployment: None,
+        dir: root.join("daemon"),
+        shm_mounted: false,
+        multi_user: false,
+        control_commands: Vec::new(),
+    };
+    for dir in [record.pipe_dir(), record.log_dir(), record.shm_dir()] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let daemon = DaemonCommand {
+        node_root: root.clone(),
+        mps_control: Some("/usr/bin/nvidia-cuda-mps-control".into()),
+        chroot: None,
+        library_dir: None,
+    };
+    let runner = DeploymentRunner::new(
+        client.clone(),
+        tokio::runtime::Handle::current(),
+        H100_NODE,
+        MpsDeploymentConfig {
+            namespace: namespace.clone(),
+            image: "registry.example.com/gpu-kubelet-plugin:e2e".into(),
+        },
+    );
+    // The runner blocks (the driver calls it from blocking threads).
+    let deployment = {
+        let (runner, record) = (runner.clone(), record.clone());
+        tokio::task::spawn_blocking(move || {
+            let desired = runner.build(&record, &daemon).unwrap();
+            runner.create(&record.id, &desired).unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let (runner, record, reference) = (runner.clone(), record.clone(), deployment.clone());
+        let last = tokio::task::spawn_blocking(move || runner.readiness(&record, &reference))
+            .await
+            .unwrap()
+            .unwrap();
+        match &last {
+            // The Deployment and its pod are ready; only the daemon's socket is missing.
+            Readiness::Waiting(why) if why.contains("is ready but") => break,
+            Readiness::Failed(why) => panic!("{why}"),
+            _ if std::time::Instant::now() > deadline => panic!("not ready: {last:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    std::fs::write(record.pipe_dir().join("control"), "").unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let listed = pods
+        .list(
+            &ListParams::default().labels(&format!("resource.nvidia.com/mps-daemon={}", record.id)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1, "{listed:?}");
+    let pod = &listed.items[0];
+    assert_eq!(
+        pod.spec.as_ref().unwrap().node_name.as_deref(),
+        Some(H100_NODE)
+    );
+    {
+        let (runner, record, reference) = (runner.clone(), record.clone(), deployment.clone());
+        let ready = tokio::task::spawn_blocking(move || {
+            let ready = runner.readiness(&record, &reference).unwrap();
+            runner.delete(&reference, TIMEOUT).unwrap();
+            (ready, runner.current_uid(&reference).unwrap())
+        })
+        .await
+        .unwrap();
+        assert_eq!(ready, (Readiness::Ready, None));
+    }
+    assert!(
+        pods.list(
+            &ListParams::default().labels(&format!("resource.nvidia.com/mps-daemon={}", record.id))
+        )
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .all(|pod| pod.metadata.deletion_timestamp.is_some()),
+        "Foreground deletion: the pod is gone (or going) once the Deployment is"
+    );
 }

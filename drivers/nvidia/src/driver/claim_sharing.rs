@@ -260,7 +260,7 @@ pub(super) fn reconcile_daemons(
                 Ok(Readoption::Adopted) => report.daemons_adopted.push(record.id.clone()),
                 Ok(Readoption::Restarted(new)) => {
                     report.daemons_restarted.push(record.id.clone());
-                    *record = new;
+                    *record = *new;
                     changed = true;
                 }
                 Err(error) => report.failures.push(format!(

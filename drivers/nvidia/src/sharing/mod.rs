@@ -4,10 +4,11 @@
 //! * [`timeslicing`] (gate `TimeSlicingSettings`): `nvidia-smi` sets the compute mode to
 //!   `DEFAULT` and the time slice of each full GPU of a config group; unprepare sets the time
 //!   slice back to `Default` unless another prepared claim still uses the GPU.
-//! * [`mps`] (gate `MPSSupport`): one MPS control daemon per config group, started as a
-//!   detached host process ([`Host::spawn`]) so that it outlives a plugin restart, recorded
-//!   (pid and start time) in the claim's checkpointed driver state, re-adopted at start and
-//!   stopped at unprepare.
+//! * [`mps`] (gate `MPSSupport`): one MPS control daemon per config group, run as a
+//!   Deployment pinned to the node ([`mps::deployment`], with `--image-name`: it outlives the
+//!   plugin's container) or as a detached host process ([`Host::spawn`]: it outlives the
+//!   plugin's process only), recorded in the claim's checkpointed driver state, re-adopted at
+//!   start and stopped at unprepare.
 //! * [`consumable`] (gate `ConsumableShares`): devices published with
 //!   `allowMultipleAllocations` and memory request policies; several claims share a device
 //!   only with identical configs.

@@ -157,7 +157,7 @@ impl MpsRunner {
 
 /// One readiness check's answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Readiness {
+pub enum Readiness {
     /// Ready.
     Ready,
     /// Not yet, because of this.
@@ -228,7 +228,7 @@ pub enum Readoption {
     /// The recorded daemon runs: adopted as is.
     Adopted,
     /// It did not run; it was started again, with this new record.
-    Restarted(MpsDaemonRecord),
+    Restarted(Box<MpsDaemonRecord>),
 }
 
 /// Checks the config against the devices and returns the control commands that set its
@@ -648,7 +648,7 @@ pub fn ensure_running(
         }
         return Err(error);
     }
-    Ok(Readoption::Restarted(restarted))
+    Ok(Readoption::Restarted(Box::new(restarted)))
 }
 
 /// The daemons recorded under the MPS root (`<root>/<id>/daemon.json`) at least
@@ -736,7 +736,8 @@ mod tests {
             multi_user: false,
             control_commands: Vec::new(),
         };
-        let error = ensure_running(&tools, &settings, &MpsRunner::HostProcess, &record).unwrap_err();
+        let error =
+            ensure_running(&tools, &settings, &MpsRunner::HostProcess, &record).unwrap_err();
         assert!(
             error
                 .to_string()

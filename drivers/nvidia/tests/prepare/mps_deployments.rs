@@ -73,10 +73,12 @@ async fn serve_daemon(client: &kube::Client, id: &str, pipe_dir: &Path) -> Deplo
     pods.patch_status(
         &pod_name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "containerStatuses": [{
-            "name": "mps-control-daemon", "image": IMAGE, "imageID": "", "ready": true,
-            "restartCount": 0, "started": true,
-        }]}})),
+        &Patch::Merge(
+            json!({"status": {"phase": "Running", "containerStatuses": [{
+                "name": "mps-control-daemon", "image": IMAGE, "imageID": "", "ready": true,
+                "restartCount": 0, "started": true,
+            }]}}),
+        ),
     )
     .await
     .unwrap();
@@ -244,9 +246,15 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
         .start()
         .await
         .unwrap();
-    assert_eq!(cluster.api().stats().resource("deployments").create, creates);
+    assert_eq!(
+        cluster.api().stats().resource("deployments").create,
+        creates
+    );
     let api = deployments(&client);
-    assert_eq!(api.get(&name).await.unwrap().metadata.uid, Some(uid.clone()));
+    assert_eq!(
+        api.get(&name).await.unwrap().metadata.uid,
+        Some(uid.clone())
+    );
     assert_eq!(mps_record(&recorded_state(&cluster, &claim)), record);
     assert_eq!(f.host.events(), []);
     plugin.shutdown().await.unwrap();

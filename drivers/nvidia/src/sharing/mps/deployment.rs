@@ -376,12 +376,9 @@ impl DeploymentRunner {
         })
     }
 
-    /// Creates `desired`; see the [module documentation](self) for `AlreadyExists`.
-    pub(super) fn create(
-        &self,
-        id: &str,
-        desired: &Deployment,
-    ) -> Result<DeploymentRef, SharingError> {
+    /// Creates `desired` (from [`build`](Self::build)) for daemon `id`; see the
+    /// [module documentation](self) for `AlreadyExists`.
+    pub fn create(&self, id: &str, desired: &Deployment) -> Result<DeploymentRef, SharingError> {
         let name = desired.metadata.name.clone().unwrap_or_default();
         let namespace = self.config.namespace.clone();
         let api = self.deployments(&namespace);
@@ -434,12 +431,12 @@ impl DeploymentRunner {
     }
 
     /// The UID of the Deployment named in `deployment`, `None` when there is none.
-    pub(super) fn current_uid(
-        &self,
-        deployment: &DeploymentRef,
-    ) -> Result<Option<String>, SharingError> {
+    pub fn current_uid(&self, deployment: &DeploymentRef) -> Result<Option<String>, SharingError> {
         self.runtime
-            .block_on(self.deployments(&deployment.namespace).get_opt(&deployment.name))
+            .block_on(
+                self.deployments(&deployment.namespace)
+                    .get_opt(&deployment.name),
+            )
             .map(|found| found.map(|d| d.metadata.uid.unwrap_or_default()))
             .map_err(|source| SharingError::Api {
                 action: format!("reading {deployment}"),
@@ -448,7 +445,7 @@ impl DeploymentRunner {
     }
 
     /// One readiness check: the Deployment, then its pod, then the control socket.
-    pub(super) fn readiness(
+    pub fn readiness(
         &self,
         record: &MpsDaemonRecord,
         deployment: &DeploymentRef,
@@ -609,35 +606,42 @@ const DELETE_POLL: Duration = Duration::from_millis(200);
 /// Whether `existing` runs the daemon `desired` describes: the same image, command,
 /// environment, node and host paths (fields the server defaults are not compared).
 fn same_daemon(existing: &Deployment, desired: &Deployment) -> bool {
-    fn essentials(
-        deployment: &Deployment,
-    ) -> Option<(
-        Option<&String>,
-        Option<&Vec<String>>,
-        Vec<(&str, Option<&str>)>,
-        Option<&str>,
-        Vec<&str>,
-    )> {
+    let existing = DaemonEssentials::of(existing);
+    existing.is_some() && existing == DaemonEssentials::of(desired)
+}
+
+/// What makes a Deployment's daemon that daemon.
+#[derive(PartialEq)]
+struct DaemonEssentials<'a> {
+    image: Option<&'a str>,
+    command: Option<&'a [String]>,
+    env: Vec<(&'a str, Option<&'a str>)>,
+    node: Option<&'a str>,
+    host_paths: Vec<&'a str>,
+}
+
+impl<'a> DaemonEssentials<'a> {
+    fn of(deployment: &'a Deployment) -> Option<Self> {
         let pod = deployment.spec.template.spec.as_ref()?;
         let container = pod.containers.first()?;
-        Some((
-            container.image.as_ref(),
-            container.command.as_ref(),
-            container
+        Some(Self {
+            image: container.image.as_deref(),
+            command: container.command.as_deref(),
+            env: container
                 .env
                 .iter()
                 .flatten()
                 .map(|e| (e.name.as_str(), e.value.as_deref()))
                 .collect(),
-            pod.node_name.as_deref(),
-            pod.volumes
+            node: pod.node_name.as_deref(),
+            host_paths: pod
+                .volumes
                 .iter()
                 .flatten()
                 .filter_map(|v| Some(v.host_path.as_ref()?.path.as_str()))
                 .collect(),
-        ))
+        })
     }
-    essentials(existing).is_some() && essentials(existing) == essentials(desired)
 }
 
 #[cfg(test)]
@@ -688,7 +692,10 @@ mod tests {
         assert_eq!(daemon(true).mount_prefix(), "/driver-root");
 
         let (command, env) = daemon(false).command(&record(false)).unwrap();
-        assert_eq!(command, ["/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"]);
+        assert_eq!(
+            command,
+            ["/driver-root/usr/bin/nvidia-cuda-mps-control", "-f"]
+        );
         assert_eq!(env, [env_var("LD_LIBRARY_PATH", "/driver-root/usr/lib64")]);
         assert_eq!(daemon(false).mount_prefix(), "");
 
