@@ -108,18 +108,13 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
     let client = r.cluster.client();
     let (gpu2, gpu3) = (uuid(&r.f, 2), uuid(&r.f, 3));
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "mps")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-2")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-3")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "MPS", "mpsConfig": {
-                        "defaultActiveThreadPercentage": 50,
-                    }})),
-                ),
-        )
+        .claim(shared_gpus(
+            "mps",
+            &["gpu-2", "gpu-3"],
+            json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+            }}),
+        ))
         .await;
     let id = format!("{}-0", claim.uid);
     let dir = settings.root.join(&id);
@@ -363,15 +358,11 @@ async fn a_daemon_deployment_that_never_gets_ready_is_rolled_back_and_orphans_ar
     // Nobody makes the Deployment ready: the claim fails, naming what was missing, and
     // everything is undone.
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "never-ready")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-4")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "MPS"})),
-                ),
-        )
+        .claim(shared_gpus(
+            "never-ready",
+            &["gpu-4"],
+            json!({"strategy": "MPS"}),
+        ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
     let name = format!("mps-control-daemon-{}-0", claim.uid);

@@ -63,6 +63,16 @@ fn mps_record(state: &Value) -> MpsDaemonRecord {
     }
 }
 
+/// A claim for `devices` (request `gpu`) with one `GpuConfig` of this `sharing`.
+fn shared_gpus(name: &str, devices: &[&str], sharing: Value) -> AllocatedClaim {
+    devices
+        .iter()
+        .fold(AllocatedClaim::new("default", name), |claim, device| {
+            claim.device("gpu", DRIVER_NAME, NODE_NAME, device)
+        })
+        .claim_config(&["gpu"], DRIVER_NAME, gpu_sharing(sharing))
+}
+
 fn share(name: &str, device: &str, share_id: &str, config: Value) -> AllocatedClaim {
     AllocatedClaim::new("default", name)
         .result(DeviceRequestAllocationResult {
@@ -204,15 +214,11 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
     let r = start_driver(f, driver).await;
     let gpu = uuid(&r.f, 1);
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "sliced")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-1")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "TimeSlicing"})),
-                ),
-        )
+        .claim(shared_gpus(
+            "sliced",
+            &["gpu-1"],
+            json!({"strategy": "TimeSlicing"}),
+        ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
     assert!(
@@ -229,15 +235,11 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
     // Gate off: the claim fails naming the gate, and nothing runs.
     let r = start("dgx-h100", "").await;
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "sliced")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-1")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}})),
-                ),
-        )
+        .claim(shared_gpus(
+            "sliced",
+            &["gpu-1"],
+            json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 20}}),
+        ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
     assert!(
@@ -314,20 +316,15 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
     let r = start_driver(f, driver).await;
     let (gpu2, gpu3) = (uuid(&r.f, 2), uuid(&r.f, 3));
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "mps")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-2")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-3")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "MPS", "mpsConfig": {
-                        "defaultActiveThreadPercentage": 50,
-                        "defaultPinnedDeviceMemoryLimit": "10Gi",
-                        "defaultPerDevicePinnedMemoryLimit": {"1": "2Gi"},
-                    }})),
-                ),
-        )
+        .claim(shared_gpus(
+            "mps",
+            &["gpu-2", "gpu-3"],
+            json!({"strategy": "MPS", "mpsConfig": {
+                "defaultActiveThreadPercentage": 50,
+                "defaultPinnedDeviceMemoryLimit": "10Gi",
+                "defaultPerDevicePinnedMemoryLimit": {"1": "2Gi"},
+            }}),
+        ))
         .await;
     prepare_one(&r, &claim).await.unwrap();
 
@@ -514,13 +511,11 @@ async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
     let driver = f.builder("MPSSupport=true").mps(settings.clone()).build();
     let r = start_driver(f, driver).await;
     let mps = |name: &str, config: Value| {
-        AllocatedClaim::new("default", name)
-            .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-4")
-            .claim_config(
-                &["gpu"],
-                DRIVER_NAME,
-                gpu_sharing(json!({"strategy": "MPS", "mpsConfig": config})),
-            )
+        shared_gpus(
+            name,
+            &["gpu-4"],
+            json!({"strategy": "MPS", "mpsConfig": config}),
+        )
     };
     let bad_key = r
         .claim(mps(
@@ -579,15 +574,11 @@ async fn a_daemon_no_completed_claim_owns_is_stopped_at_start() {
     let driver = f.builder("MPSSupport=true").mps(settings.clone()).build();
     let r = start_driver(f, driver).await;
     let claim = r
-        .claim(
-            AllocatedClaim::new("default", "orphan")
-                .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-5")
-                .claim_config(
-                    &["gpu"],
-                    DRIVER_NAME,
-                    gpu_sharing(json!({"strategy": "MPS"})),
-                ),
-        )
+        .claim(shared_gpus(
+            "orphan",
+            &["gpu-5"],
+            json!({"strategy": "MPS"}),
+        ))
         .await;
     prepare_one(&r, &claim).await.unwrap();
     let record = mps_record(&recorded_state(&r.cluster, &claim));
