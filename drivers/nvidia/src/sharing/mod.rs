@@ -100,6 +100,15 @@ pub enum SharingError {
         /// The client's error.
         source: kube::Error,
     },
+    /// An object the plugin deleted was still there after the wait (an MPS control-daemon
+    /// Deployment whose pod does not terminate).
+    #[error("{what} still exists {timeout:.1?} after its deletion")]
+    NotDeleted {
+        /// The object (`Deployment nvidia-dra/mps-control-daemon-…`).
+        what: String,
+        /// How long the plugin waited.
+        timeout: std::time::Duration,
+    },
     /// A directory of the plugin could not be made, read or removed.
     #[error("{action} {path}: {source}")]
     Io {

@@ -386,3 +386,84 @@ async fn a_daemon_deployment_that_never_gets_ready_is_rolled_back_and_orphans_ar
     assert!(r.driver.prepared_devices().is_empty());
     r.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_an_existing_daemon_deployment_adopts_it_or_replaces_another_spec() {
+    use dra_driver_nvidia::host::ProcessId;
+    use dra_driver_nvidia::sharing::mps::{DaemonCommand, DeploymentRunner};
+
+    let cluster = TestCluster::start().await.unwrap();
+    let runner = |image: &str| {
+        DeploymentRunner::new(
+            cluster.client(),
+            tokio::runtime::Handle::current(),
+            NODE_NAME,
+            MpsDeploymentConfig {
+                namespace: NAMESPACE.into(),
+                image: image.into(),
+            },
+        )
+    };
+    let record = MpsDaemonRecord {
+        id: "uid-0".into(),
+        devices: vec!["gpu-0".into()],
+        uuids: vec!["GPU-a".into()],
+        exclusive_gpus: Vec::new(),
+        process: ProcessId {
+            pid: 0,
+            start_time: 0,
+        },
+        deployment: None,
+        dir: "/mps/uid-0".into(),
+        shm_mounted: true,
+        multi_user: true,
+        control_commands: Vec::new(),
+    };
+    let daemon = DaemonCommand {
+        node_root: "/".into(),
+        mps_control: Some("/usr/bin/nvidia-cuda-mps-control".into()),
+        chroot: Some("/usr/sbin/chroot".into()),
+        library_dir: None,
+    };
+    let (first, again, upgraded) = {
+        let (old, new) = (
+            runner(IMAGE),
+            runner("registry.example.com/gpu-kubelet-plugin:2.0"),
+        );
+        tokio::task::spawn_blocking(move || {
+            let create = |runner: &DeploymentRunner| {
+                let desired = runner.build(&record, &daemon).unwrap();
+                runner.create(&record.id, &desired).unwrap()
+            };
+            (create(&old), create(&old), create(&new))
+        })
+        .await
+        .unwrap()
+    };
+    // The same daemon: adopted, not replaced.
+    assert_eq!(again, first);
+    // Another image (a plugin upgrade): deleted and created again.
+    assert_ne!(upgraded.uid, first.uid);
+    let stored = deployments(&cluster.client())
+        .get("mps-control-daemon-uid-0")
+        .await
+        .unwrap();
+    let container = &stored.spec.template.spec.unwrap().containers[0];
+    assert_eq!(
+        container.image.as_deref(),
+        Some("registry.example.com/gpu-kubelet-plugin:2.0")
+    );
+    // Chrooted into the driver root, multi-user.
+    assert_eq!(
+        container.command.clone().unwrap(),
+        [
+            "/driver-root/usr/sbin/chroot",
+            "/driver-root",
+            "/usr/bin/nvidia-cuda-mps-control",
+            "-f",
+            "-M"
+        ]
+    );
+    let stats = cluster.api().stats().resource("deployments");
+    assert_eq!((stats.create, stats.delete), (4, 1));
+}

@@ -382,14 +382,16 @@ impl DeploymentRunner {
         let name = desired.metadata.name.clone().unwrap_or_default();
         let namespace = self.config.namespace.clone();
         let api = self.deployments(&namespace);
-        let action = |what: &str| format!("{what} Deployment {namespace}/{name}");
+        let what = format!("Deployment {namespace}/{name}");
         let reference = |created: &Deployment| DeploymentRef {
             namespace: namespace.clone(),
             name: name.clone(),
             uid: created.metadata.uid.clone().unwrap_or_default(),
         };
-        for attempt in 0..2 {
-            match self
+        // One replacement at most: a second AlreadyExists is an error.
+        let mut replaced = false;
+        loop {
+            let source = match self
                 .runtime
                 .block_on(api.create(&PostParams::default(), desired))
             {
@@ -397,37 +399,32 @@ impl DeploymentRunner {
                     tracing::info!(id, deployment = %name, "MPS control daemon Deployment created");
                     return Ok(reference(&created));
                 }
-                Err(error) if is_status(&error, 409) && attempt == 0 => {
-                    let existing = self
-                        .runtime
-                        .block_on(api.get_opt(&name))
-                        .map_err(|source| SharingError::Api {
-                            action: action("reading"),
-                            source,
-                        })?;
-                    let Some(existing) = existing else { continue };
-                    if same_daemon(&existing, desired) {
-                        tracing::info!(id, deployment = %name, "MPS control daemon Deployment exists already; adopted");
-                        return Ok(reference(&existing));
-                    }
-                    tracing::warn!(id, deployment = %name, "MPS control daemon Deployment exists with another daemon spec; replacing it");
-                    self.delete(&reference(&existing), DEFAULT_DELETE_TIMEOUT)?;
-                }
+                Err(error) if is_status(&error, 409) && !replaced => error,
                 Err(source) => {
                     return Err(SharingError::Api {
-                        action: action("creating"),
+                        action: format!("creating {what}"),
                         source,
                     });
                 }
+            };
+            tracing::debug!(id, error = %source, "MPS control daemon Deployment exists");
+            replaced = true;
+            let existing = self
+                .runtime
+                .block_on(api.get_opt(&name))
+                .map_err(|source| SharingError::Api {
+                    action: format!("reading {what}"),
+                    source,
+                })?;
+            // Deleted meanwhile: create it.
+            let Some(existing) = existing else { continue };
+            if same_daemon(&existing, desired) {
+                tracing::info!(id, deployment = %name, "MPS control daemon Deployment exists already; adopted");
+                return Ok(reference(&existing));
             }
+            tracing::warn!(id, deployment = %name, "MPS control daemon Deployment exists with another daemon spec; replacing it");
+            self.delete(&reference(&existing), REPLACE_DELETE_TIMEOUT)?;
         }
-        Err(SharingError::Daemon {
-            id: id.to_owned(),
-            reason: format!(
-                "{} kept existing with another spec",
-                action("creating").trim_start_matches("creating ")
-            ),
-        })
     }
 
     /// The UID of the Deployment named in `deployment`, `None` when there is none.
@@ -538,11 +535,9 @@ impl DeploymentRunner {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(SharingError::Api {
-                    action: format!("deleting {deployment}"),
-                    source: kube::Error::Service(
-                        format!("still there {timeout:.1?} after its deletion").into(),
-                    ),
+                return Err(SharingError::NotDeleted {
+                    what: deployment.to_string(),
+                    timeout,
                 });
             }
             std::thread::sleep(DELETE_POLL.min(timeout));
@@ -599,7 +594,7 @@ impl DeploymentRunner {
 }
 
 /// How long [`DeploymentRunner::create`] waits for a Deployment with another spec to go.
-const DEFAULT_DELETE_TIMEOUT: Duration = Duration::from_secs(60);
+const REPLACE_DELETE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a deletion is checked.
 const DELETE_POLL: Duration = Duration::from_millis(200);
 
