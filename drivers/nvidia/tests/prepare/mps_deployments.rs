@@ -4,8 +4,6 @@
 //! restarts, deletion at unprepare, the rollback of a daemon that never gets ready, and the
 //! deletion of Deployments no claim owns.
 
-use std::collections::BTreeMap;
-
 use dra_driver_nvidia::sharing::mps::{DeploymentRef, MpsDeploymentConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -228,13 +226,7 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
     } = r;
     plugin.shutdown().await.unwrap();
     f.host.clear_events();
-    let restart = |f: &Fixture| {
-        let (checkpoint, _) =
-            Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
-        builder(f)
-            .prepared_claims(checkpoint.records().unwrap())
-            .build()
-    };
+    let restart = |f: &Fixture| builder(f).prepared_claims(checkpointed(&cluster)).build();
     let creates = cluster.api().stats().resource("deployments").create;
     let plugin = cluster
         .plugin(restart(&f), DRIVER_NAME)
@@ -280,15 +272,7 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
 
     // Unprepare: the Deployment is deleted and waited for, then the shared clean-up.
     f.host.clear_events();
-    let kubelet = cluster
-        .register(&plugin, KubeletVersion::V1_36)
-        .await
-        .unwrap();
-    let result = kubelet
-        .unprepare(std::slice::from_ref(&claim))
-        .await
-        .unwrap();
-    assert_eq!(result[&claim.uid], Ok(()));
+    unprepare_through(&cluster, &plugin, &claim).await;
     assert!(api.get_opt(&name).await.unwrap().is_none());
     assert_eq!(
         f.host.events(),

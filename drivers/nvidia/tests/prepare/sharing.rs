@@ -3,13 +3,14 @@
 //! share a GPU, MPS daemons (a stand-in process) surviving and re-adopted across plugin
 //! restarts, and the errors of bad configs.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use dra_driver_nvidia::driver::ClaimState;
 use dra_driver_nvidia::host::{Host, ProcessId};
 use dra_driver_nvidia::sharing::{AppliedSharing, ConsumableShares, MpsDaemonRecord, MpsSettings};
-use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::checkpoint::{Checkpoint, ClaimRecord};
 use dra_sdk::testing::cluster::BOOT_ID;
 
 use super::*;
@@ -49,10 +50,30 @@ fn gpu_sharing(sharing: Value) -> Value {
 
 /// The driver state the checkpoint records for a claim.
 fn recorded_state(cluster: &TestCluster, claim: &ClaimRef) -> Value {
+    checkpointed(cluster)[&claim.uid]
+        .driver_state
+        .clone()
+        .unwrap()
+}
+
+/// The claims the plugin's checkpoint records, as a restarted plugin gets them.
+fn checkpointed(cluster: &TestCluster) -> BTreeMap<String, ClaimRecord> {
     let (checkpoint, _) =
         Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
-    let records = checkpoint.records().unwrap();
-    records[&claim.uid].driver_state.clone().unwrap()
+    checkpoint.records().unwrap()
+}
+
+/// Unprepares `claim` through a kubelet registered with `plugin` (a restarted one).
+async fn unprepare_through(cluster: &TestCluster, plugin: &KubeletPlugin, claim: &ClaimRef) {
+    let kubelet = cluster
+        .register(plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    let result = kubelet
+        .unprepare(std::slice::from_ref(claim))
+        .await
+        .unwrap();
+    assert_eq!(result[&claim.uid], Ok(()));
 }
 
 fn mps_record(state: &Value) -> MpsDaemonRecord {
@@ -428,11 +449,9 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
     );
     f.host.clear_events();
     let restart = |f: &Fixture| {
-        let (checkpoint, _) =
-            Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
         f.builder("MPSSupport=true")
             .mps(settings.clone())
-            .prepared_claims(checkpoint.records().unwrap())
+            .prepared_claims(checkpointed(&cluster))
             .build()
     };
     let driver = restart(&f);
@@ -469,15 +488,7 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
     // Unprepare: quit on the pipe, SIGTERM when that is not enough (the stand-in ignores
     // `quit`), tmpfs unmounted, compute modes back to DEFAULT, directories gone.
     f.host.clear_events();
-    let kubelet = cluster
-        .register(&plugin, KubeletVersion::V1_36)
-        .await
-        .unwrap();
-    let result = kubelet
-        .unprepare(std::slice::from_ref(&claim))
-        .await
-        .unwrap();
-    assert_eq!(result[&claim.uid], Ok(()));
+    unprepare_through(&cluster, &plugin, &claim).await;
     assert_eq!(
         f.host.events(),
         [
