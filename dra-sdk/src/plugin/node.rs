@@ -479,9 +479,21 @@ impl<D: Driver> NodeService<D> {
         if sweep {
             self.sweep_orphans(started);
         } else {
-            tracing::warn!(
-                "the checkpoint was not read intact at start; keeping every CDI spec and metadata file (claims the kubelet considers prepared keep working; unprepare removes their files)"
-            );
+            // Only worth a warning when something is kept: a first start (no checkpoint, none
+            // of our files) is not a problem.
+            let kept = self.cdi.claim_files().map_or(0, |files| files.len())
+                + self
+                    .reports
+                    .list_metadata()
+                    .map_or(0, |listing| listing.claims.len());
+            if kept > 0 {
+                tracing::warn!(
+                    kept,
+                    "the checkpoint was not read intact at start; keeping every CDI spec and metadata file (claims the kubelet considers prepared keep working; unprepare removes their files)"
+                );
+            } else {
+                tracing::debug!("no intact checkpoint and no claim files on disk: nothing to keep");
+            }
         }
         let completed = self
             .checkpoint
