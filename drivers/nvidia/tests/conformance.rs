@@ -6,16 +6,19 @@
 
 use std::sync::Arc;
 
-use clap::Parser;
 use dra_driver_nvidia::cdi::DriverRoot;
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::driver::{FeatureGate, NvidiaDriver};
 use dra_driver_nvidia::health::HealthPolicy;
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
 use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME};
 use dra_sdk::testing::conformance::{Conformance, Outcome};
+
+mod fixture;
+
+use fixture::plugin_cli;
 
 /// `single_device`: the suite keeps each case's claims allocated, so on a one-GPU machine
 /// the cases after the first allocation find no free device and are skipped (not failed).
@@ -25,18 +28,7 @@ async fn conformant(profile: &str, single_device: bool) {
 
 /// The suite with more plugin flags (feature gates, `--consumable-shares`).
 async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
-    let cli = Cli::try_parse_from(
-        [
-            "gpu-kubelet-plugin",
-            "--node-name",
-            NODE_NAME,
-            "--mock-profile",
-            profile,
-        ]
-        .iter()
-        .chain(flags),
-    )
-    .unwrap();
+    let cli = plugin_cli(&[&["--mock-profile", profile], flags].concat());
     let gates = cli.nvidia.feature_gates.clone();
     let consumable: ConsumableShares = cli.nvidia.consumable_shares.parse().unwrap();
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();

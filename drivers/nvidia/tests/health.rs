@@ -5,17 +5,20 @@
 
 use std::time::Duration;
 
-use clap::Parser;
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::{
     HealthEvent, HealthEventKind, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID,
 };
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_sdk::health::HealthStatus;
 use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
 use dra_sdk::testing::kubelet::{HealthWatch, ObservedHealth};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
+
+mod fixture;
+
+use fixture::plugin_cli;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -30,15 +33,7 @@ fn plugin(args: &[&str]) -> NvidiaPlugin {
 }
 
 fn plugin_with_gates(gates: &str, args: &[&str]) -> NvidiaPlugin {
-    let mut argv = vec![
-        "gpu-kubelet-plugin",
-        "--node-name",
-        NODE_NAME,
-        "--feature-gates",
-        gates,
-    ];
-    argv.extend_from_slice(args);
-    let cli = Cli::try_parse_from(argv).unwrap();
+    let cli = plugin_cli(&[&["--feature-gates", gates], args].concat());
     NvidiaPlugin::from_args(&cli.nvidia).unwrap()
 }
 

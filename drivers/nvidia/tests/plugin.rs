@@ -5,14 +5,17 @@
 //! together, and with consumable shares a GPU is allocated to as many claims as it has
 //! shares.
 
-use clap::Parser;
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };
 use kube::api::{Api, ListParams, PostParams};
+
+mod fixture;
+
+use fixture::plugin_cli;
 
 struct Fixture {
     cluster: TestCluster,
@@ -26,18 +29,7 @@ async fn start(profile: &str, gates: &str) -> Fixture {
 
 /// The plugin with more flags.
 async fn start_with(profile: &str, flags: &[&str]) -> Fixture {
-    let cli = Cli::try_parse_from(
-        [
-            "gpu-kubelet-plugin",
-            "--node-name",
-            NODE_NAME,
-            "--mock-profile",
-            profile,
-        ]
-        .iter()
-        .chain(flags),
-    )
-    .unwrap();
+    let cli = plugin_cli(&[&["--mock-profile", profile], flags].concat());
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
     let cluster = TestCluster::start().await.unwrap();
     let classes: Api<DeviceClass> = Api::all(cluster.client());
