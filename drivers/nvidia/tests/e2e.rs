@@ -197,12 +197,7 @@ async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes()
     let Some(fixture) = fixture().await else {
         return;
     };
-    let cluster = &fixture.cluster;
-    let node = cluster.node(A100_NODE).unwrap();
-    let client = cluster.client().await.unwrap();
-    let namespace = cluster.create_namespace("nvidia").await.unwrap();
-
-    create_device_classes(&client).await;
+    let (node, client, namespace) = scene(fixture, A100_NODE, "nvidia").await;
 
     let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
     let full_gpu = workload::claim_template(
@@ -339,11 +334,7 @@ async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler
     let Some(fixture) = fixture().await else {
         return;
     };
-    let cluster = &fixture.cluster;
-    let node = cluster.node(DYNAMIC_MIG_NODE).unwrap();
-    let client = cluster.client().await.unwrap();
-    let namespace = cluster.create_namespace("dynmig").await.unwrap();
-    create_device_classes(&client).await;
+    let (node, client, namespace) = scene(fixture, DYNAMIC_MIG_NODE, "dynmig").await;
     // The profile's first GPU, as the plugin publishes it.
     let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("dgx-h100")
         .unwrap()
@@ -503,11 +494,7 @@ async fn a_health_taint_keeps_new_pods_off_a_failed_gpu_until_it_recovers() {
     let Some(fixture) = fixture().await else {
         return;
     };
-    let cluster = &fixture.cluster;
-    let node = cluster.node(T4_NODE).unwrap();
-    let client = cluster.client().await.unwrap();
-    let namespace = cluster.create_namespace("health").await.unwrap();
-    create_device_classes(&client).await;
+    let (node, client, namespace) = scene(fixture, T4_NODE, "health").await;
 
     let slices = Api::<ResourceSlice>::all(client.clone());
     let on_node = ListParams::default().fields(&format!("spec.nodeName={T4_NODE}"));
@@ -601,6 +588,20 @@ async fn a_health_taint_keeps_new_pods_off_a_failed_gpu_until_it_recovers() {
 }
 
 /// Creates the crate's DeviceClasses; another test of this binary may have created them.
+/// What a scheduling test starts from: the shared cluster's node `node`, an admin client, a
+/// namespace of its own (named after `namespace`) and the crate's DeviceClasses.
+async fn scene<'a>(
+    fixture: &'a Fixture,
+    node: &str,
+    namespace: &str,
+) -> (&'a KubeletNode, kube::Client, String) {
+    let cluster = &fixture.cluster;
+    let client = cluster.client().await.unwrap();
+    let namespace = cluster.create_namespace(namespace).await.unwrap();
+    create_device_classes(&client).await;
+    (cluster.node(node).unwrap(), client, namespace)
+}
+
 async fn create_device_classes(client: &kube::Client) {
     let classes = Api::<DeviceClass>::all(client.clone());
     for class in device_classes() {
