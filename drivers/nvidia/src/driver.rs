@@ -217,7 +217,7 @@ impl NvidiaDriverBuilder {
         for (uid, record) in &self.prepared {
             match record.driver_state.as_ref().map(ClaimState::from_value) {
                 Some(Ok(state)) => {
-                    reservations.restore(uid, &record.namespace, &record.name, &state)
+                    reservations.restore(uid, &record.namespace, &record.name, &state);
                 }
                 Some(Err(error)) => {
                     tracing::warn!(claim_uid = %uid, %error, "unreadable driver state in the checkpoint; its devices are not reserved")
@@ -225,6 +225,13 @@ impl NvidiaDriverBuilder {
                 None => {}
             }
         }
+        let mig_instances = dynamic_mig::MigInstances::default();
+        mig_instances.restore(
+            reservations
+                .states
+                .iter()
+                .map(|(uid, state)| (uid.as_str(), state)),
+        );
         NvidiaDriver {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -242,7 +249,7 @@ impl NvidiaDriverBuilder {
                 consumable: self.consumable,
                 context: Mutex::new(None),
                 mig: self.mig,
-                mig_lock: dynamic_mig::MigLock::default(),
+                mig_instances,
             }),
         }
     }
@@ -276,7 +283,9 @@ struct Inner {
     /// restarted daemons' records with it.
     context: Mutex<Option<DriverContext>>,
     mig: Option<Arc<dyn MigManager>>,
-    mig_lock: dynamic_mig::MigLock,
+    /// Dynamic MIG partitions with an instance and the claims holding them; also the lock
+    /// of MIG operations.
+    mig_instances: dynamic_mig::MigInstances,
 }
 
 impl NvidiaDriver {
@@ -592,17 +601,24 @@ impl Reservations {
         Ok(())
     }
 
-    /// Dynamic MIG: a GPU is used whole or split, never both. Counters keep the scheduler
-    /// from allocating both; this holds where an API server dropped them.
+    /// A claim other than `claim` holding `device`, alone or as a consumable share.
+    fn other_holder(&self, claim: &ClaimRef, device: &str) -> Option<&Owner> {
+        let other = |owner: &&Owner| owner.uid != claim.uid;
+        self.by_key.get(device).filter(other).or_else(|| {
+            self.shared
+                .get(device)
+                .and_then(|holders| holders.owners.values().find(other))
+        })
+    }
+
+    /// Dynamic MIG: a GPU is used whole or split, never both, whether alone or in shares.
+    /// Counters keep the scheduler from allocating both; this holds where a scheduler
+    /// miscounted them or an API server dropped them.
     fn whole_or_split(&self, claim: &ClaimRef, kind: &PreparedKind) -> Option<String> {
-        let held_by_other = |owner: &Owner| owner.uid != claim.uid;
         match kind {
             PreparedKind::MigDynamic(instance) => {
                 let whole = format!("gpu-{}", instance.parent_minor);
-                let owner = self
-                    .by_key
-                    .get(&whole)
-                    .filter(|owner| held_by_other(owner))?;
+                let owner = self.other_holder(claim, &whole)?;
                 Some(format!(
                     "its GPU {whole} is prepared whole for claim {}/{} ({})",
                     owner.namespace, owner.name, owner.uid
@@ -612,8 +628,10 @@ impl Reservations {
                 let prefix = format!("gpu-{minor}-mig-");
                 let (partition, owner) = self
                     .by_key
-                    .iter()
-                    .find(|(key, owner)| key.starts_with(&prefix) && held_by_other(owner))?;
+                    .keys()
+                    .chain(self.shared.keys())
+                    .filter(|key| key.starts_with(&prefix))
+                    .find_map(|key| Some((key, self.other_holder(claim, key)?)))?;
                 Some(format!(
                     "the GPU's MIG partition {partition} is prepared for claim {}/{} ({})",
                     owner.namespace, owner.name, owner.uid
@@ -632,13 +650,22 @@ impl Reservations {
     }
 
     /// Reserves the consumable shares of a claim, or none: a device shared already must have
-    /// been prepared with the same config, and a device held exclusively is refused.
+    /// been prepared with the same config, and a device held exclusively is refused, as is a
+    /// partition of a GPU held whole and the other way round. `kinds` are the shared
+    /// devices' identities, in the order of `shares`.
     fn reserve_shares(
         &mut self,
         claim: &ClaimRef,
         shares: &[SharedAllocation],
+        kinds: &[PreparedKind],
     ) -> Result<(), DriverError> {
-        for share in shares {
+        for (share, kind) in shares.iter().zip(kinds) {
+            if let Some(conflict) = self.whole_or_split(claim, kind) {
+                return Err(DriverError::Device {
+                    device: share.device.clone(),
+                    reason: conflict,
+                });
+            }
             if let Some(owner) = self.by_key.get(&share.device)
                 && owner.uid != claim.uid
             {
@@ -888,6 +915,11 @@ fn prepare_blocking(
     planned: Vec<Planned>,
 ) -> Result<Prepared, DriverError> {
     let shares = shared_allocations(planned.as_slice())?;
+    let share_kinds: Vec<PreparedKind> = planned
+        .iter()
+        .filter(|p| p.share_id.is_some())
+        .map(|p| p.target.provisional_kind())
+        .collect();
     let reserved: Vec<(String, bool, PreparedKind)> = planned
         .iter()
         .filter(|p| p.share_id.is_none())
@@ -902,7 +934,7 @@ fn prepare_blocking(
     let earlier = {
         let mut reservations = inner.reservations();
         reservations.reserve(claim, &reserved)?;
-        if let Err(error) = reservations.reserve_shares(claim, &shares) {
+        if let Err(error) = reservations.reserve_shares(claim, &shares, &share_kinds) {
             reservations.release(&claim.uid);
             if let Some(earlier) = reservations.states.get(&claim.uid).cloned() {
                 reservations.restore(&claim.uid, &claim.namespace, &claim.name, &earlier);
@@ -926,14 +958,20 @@ fn prepare_blocking(
     }
 
     let mut bound: Vec<VfioBinding> = Vec::new();
-    let mut created: Vec<MigInstance> = Vec::new();
-    let result = prepare_devices(inner, &planned, earlier.as_ref(), &mut bound, &mut created)
-        .and_then(|mut prepared| {
-            prepared.state.sharing =
-                claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
-            prepared.state.shares = shares.clone();
-            Ok(prepared)
-        });
+    let mut partitions: Vec<(String, MigInstance)> = Vec::new();
+    let result = prepare_devices(
+        inner,
+        claim,
+        &planned,
+        earlier.as_ref(),
+        &mut bound,
+        &mut partitions,
+    )
+    .and_then(|mut prepared| {
+        prepared.state.sharing = claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
+        prepared.state.shares = shares.clone();
+        Ok(prepared)
+    });
     match result {
         Ok(prepared) => {
             // Reserve with the final identities (the VFIO bindings are known now).
@@ -943,13 +981,15 @@ fn prepare_blocking(
             Ok(prepared)
         }
         Err(error) => {
-            let kept = |instance: &&MigInstance| {
+            // An earlier successful attempt of this claim keeps holding its partitions; a
+            // partition another claim shares is kept for it.
+            let kept = |instance: &MigInstance| {
                 earlier.iter().flat_map(|state| &state.devices).any(
-                    |device| matches!(&device.kind, PreparedKind::MigDynamic(old) if old == *instance),
+                    |device| matches!(&device.kind, PreparedKind::MigDynamic(old) if old == instance),
                 )
             };
-            for instance in created.iter().rev().filter(|instance| !kept(instance)) {
-                if let Err(undo) = dynamic_mig::destroy(inner, instance) {
+            for (device, instance) in partitions.iter().rev().filter(|(_, i)| !kept(i)) {
+                if let Err(undo) = dynamic_mig::release(inner, &claim.uid, device, instance) {
                     tracing::error!(gpu = %instance.parent_uuid, gpu_instance_id = instance.gpu_instance_id, error = %undo, "rolling back a MIG partition failed");
                 }
             }
@@ -985,12 +1025,15 @@ fn shared_allocations(planned: &[Planned]) -> Result<Vec<SharedAllocation>, Driv
         .collect()
 }
 
+/// Prepares each device. What it binds and the partitions it gives the claim are pushed to
+/// `bound` and `partitions` as it goes, for the caller to undo on failure.
 fn prepare_devices(
     inner: &Inner,
+    claim: &ClaimRef,
     planned: &[Planned],
     earlier: Option<&ClaimState>,
     bound: &mut Vec<VfioBinding>,
-    created: &mut Vec<MigInstance>,
+    partitions: &mut Vec<(String, MigInstance)>,
 ) -> Result<Prepared, DriverError> {
     let cdi = &inner.cdi;
     let mut edits = Vec::with_capacity(planned.len());
@@ -1016,8 +1059,8 @@ fn prepare_devices(
             Target::Partition(partition) => {
                 needs_driver = true;
                 let (device_edits, instance) =
-                    dynamic_mig::create(inner, &plan.device, partition, earlier)?;
-                created.push(instance.clone());
+                    dynamic_mig::create(inner, &claim.uid, &plan.device, partition)?;
+                partitions.push((plan.device.clone(), instance.clone()));
                 (device_edits, PreparedKind::MigDynamic(instance))
             }
             Target::Vfio { bus_id, minor } => {
@@ -1118,7 +1161,7 @@ fn unprepare_blocking(inner: &Inner, recorded: &RecordedClaim) -> Result<(), Dri
     let mut failures = Vec::new();
     for device in state.devices.iter().rev() {
         if let PreparedKind::MigDynamic(instance) = &device.kind {
-            if let Err(error) = dynamic_mig::destroy(inner, instance) {
+            if let Err(error) = dynamic_mig::release(inner, &claim.uid, &device.device, instance) {
                 failures.push(format!(
                     "{}: destroying its MIG instance: {error}",
                     device.device

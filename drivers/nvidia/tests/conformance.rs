@@ -174,3 +174,19 @@ async fn dynamic_mig_is_conformant() {
     )
     .await;
 }
+
+/// Dynamic MIG with consumable shares: partitions and full GPUs published for several claims.
+#[tokio::test]
+async fn dynamic_mig_is_conformant_with_consumable_shares() {
+    conformant_with(
+        "dgx-h100",
+        false,
+        &[
+            "--feature-gates",
+            "DynamicMIG=true,ConsumableShares=true,TimeSlicingSettings=true",
+            "--consumable-shares",
+            "2",
+        ],
+    )
+    .await;
+}

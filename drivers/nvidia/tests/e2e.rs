@@ -9,7 +9,8 @@
 //! `workstation` profile (one T4) with device health on (gate `NVMLDeviceHealthCheck`) and
 //! events from a file, used by the health test alone, and `node-dynmig` the `dgx-h100` profile
 //! with `DynamicMIG` (every GPU whole or split, kept apart by counters), used by the dynamic
-//! MIG test alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
+//! MIG test alone, and `node-dynmig-shared` the same with consumable shares
+//! (`--consumable-shares=memory`), used by the shared-partition test alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
 //! machine there (feature `demo`). An MPS control-daemon Deployment as the driver builds it
 //! runs on `node-h100` (the real controller manager and kubelet), with no plugin involved.
 
@@ -31,6 +32,7 @@ const A100_NODE: &str = "node-a100";
 const H100_NODE: &str = "node-h100";
 const T4_NODE: &str = "node-t4";
 const DYNAMIC_MIG_NODE: &str = "node-dynmig";
+const SHARED_DYNAMIC_MIG_NODE: &str = "node-dynmig-shared";
 /// The node `gpu-demo --kubeconfig` publishes for; no plugin serves it.
 const DEMO_NODE: &str = "node-demo";
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -55,7 +57,14 @@ async fn fixture() -> Option<&'static Fixture> {
         FIXTURE
             .get_or_init(|| async {
                 let cluster = RealCluster::builder(binaries)
-                    .nodes([A100_NODE, H100_NODE, T4_NODE, DYNAMIC_MIG_NODE, DEMO_NODE])
+                    .nodes([
+                        A100_NODE,
+                        H100_NODE,
+                        T4_NODE,
+                        DYNAMIC_MIG_NODE,
+                        SHARED_DYNAMIC_MIG_NODE,
+                        DEMO_NODE,
+                    ])
                     .start()
                     .await
                     .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
@@ -65,6 +74,7 @@ async fn fixture() -> Option<&'static Fixture> {
                     (H100_NODE, "dgx-h100"),
                     (T4_NODE, "workstation"),
                     (DYNAMIC_MIG_NODE, "dgx-h100"),
+                    (SHARED_DYNAMIC_MIG_NODE, "dgx-h100"),
                 ] {
                     let node = cluster.node(node).unwrap();
                     let extra = match node.name() {
@@ -72,6 +82,14 @@ async fn fixture() -> Option<&'static Fixture> {
                         DYNAMIC_MIG_NODE => {
                             vec!["--feature-gates".into(), "DynamicMIG=true".into()]
                         }
+                        SHARED_DYNAMIC_MIG_NODE => [
+                            "--feature-gates",
+                            "DynamicMIG=true,ConsumableShares=true",
+                            "--consumable-shares",
+                            "memory",
+                        ]
+                        .map(String::from)
+                        .to_vec(),
                         _ => Vec::new(),
                     };
                     let plugin = spawn_plugin(&cluster, node, profile, &extra);
@@ -277,11 +295,9 @@ async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes()
             "{pod}: {cdi:?}"
         );
         // The spec file has upstream's name.
-        let spec = node
-            .cdi_root()
-            .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"));
+        let spec = spec_path(node, &uid);
         assert!(
-            spec.exists() || spec.with_extension("json").exists(),
+            spec.exists(),
             "{pod}: no CDI spec {} (CDI root holds {:?})",
             spec.display(),
             std::fs::read_dir(node.cdi_root())
@@ -309,11 +325,7 @@ async fn pods_get_a_full_gpu_and_a_mig_device_through_the_crate_device_classes()
     loop {
         let left: Vec<&String> = uids
             .iter()
-            .filter(|uid| {
-                node.cdi_root()
-                    .join(format!("k8s.gpu.nvidia.com-claim_{uid}.yaml"))
-                    .exists()
-            })
+            .filter(|uid| spec_path(node, uid).exists())
             .collect();
         if left.is_empty() {
             break;
@@ -334,128 +346,284 @@ async fn dynamic_mig_counters_keep_whole_and_split_apart_with_the_real_scheduler
     let Some(fixture) = fixture().await else {
         return;
     };
-    let (node, client, namespace) = scene(fixture, DYNAMIC_MIG_NODE, "dynmig").await;
-    // The profile's first GPU, as the plugin publishes it.
-    let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("dgx-h100")
-        .unwrap()
-        .hardware()
-        .gpus[0]
-        .info
-        .uuid
-        .clone();
-    let domain = "device.attributes['gpu.nvidia.com']";
-    let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
-    for (name, class, expression) in [
-        (
-            "whole",
-            "gpu.nvidia.com",
-            format!("{domain}.uuid == '{gpu0}'"),
-        ),
-        (
-            "half",
-            "mig.nvidia.com",
-            format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '3g.40gb'"),
-        ),
-        (
-            "slice",
-            "mig.nvidia.com",
-            format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '1g.10gb'"),
-        ),
-    ] {
-        let template = workload::claim_template(
-            &namespace,
-            name,
-            class,
-            json!({ "selectors": [{ "cel": { "expression": expression } }] }),
-            None,
-        )
-        .unwrap();
-        templates
-            .create(&PostParams::default(), &template)
-            .await
-            .unwrap();
-    }
-    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &namespace);
-    let run = |pod: &'static str, template: &'static str| {
-        let (pods, namespace) = (pods.clone(), namespace.clone());
-        async move {
-            let spec = workload::pod_using(
-                &namespace,
-                pod,
-                DYNAMIC_MIG_NODE,
-                &ClaimSource::Template(template.to_owned()),
-                &["main"],
-            );
-            pods.create(&PostParams::default(), &spec).await.unwrap();
-        }
-    };
-    let running = |pod: &'static str| {
-        let (client, namespace, claims) = (client.clone(), namespace.clone(), claims.clone());
-        async move {
-            workload::wait_for_pod_running(&client, &namespace, pod, TIMEOUT)
-                .await
-                .unwrap();
-            let cdi = node
-                .cri_log()
-                .wait_for_container(&format!("{namespace}/{pod}"), "main", TIMEOUT)
-                .await
-                .unwrap();
-            let (uid, device) = allocated_device(&claims, pod).await;
-            let expected = format!("k8s.gpu.nvidia.com/claim={uid}-{device}");
-            assert!(cdi.contains(&expected), "{pod}: the CRI got {cdi:?}");
-            device
-        }
-    };
-    let pending = |pod: &'static str| {
-        let (client, namespace) = (client.clone(), namespace.clone());
-        async move {
-            workload::wait_for_pod_event(&client, &namespace, pod, "FailedScheduling", TIMEOUT)
-                .await
-                .unwrap_or_else(|error| panic!("{pod} should stay pending: {error}"));
-            let phase = Api::<Pod>::namespaced(client, &namespace)
-                .get(pod)
-                .await
-                .unwrap()
-                .status
-                .and_then(|status| status.phase);
-            assert_eq!(phase.as_deref(), Some("Pending"), "{pod}");
-        }
-    };
+    let pods = Pods::on_gpu0(fixture, DYNAMIC_MIG_NODE, "dynmig", None).await;
 
     // Whole first: no partition of the GPU while it runs.
-    run("whole", "whole").await;
-    assert_eq!(running("whole").await, "gpu-0");
-    run("left", "half").await;
-    pending("left").await;
+    pods.run("whole", "whole").await;
+    assert_eq!(pods.running("whole").await.device, "gpu-0");
+    pods.run("left", "half").await;
+    pods.pending("left").await;
     // The whole GPU goes: the partition is allocated, and the whole GPU cannot come back.
-    workload::delete_pods(&client, &namespace, &["whole"], TIMEOUT)
-        .await
-        .unwrap();
-    assert_eq!(running("left").await, "gpu-0-mig-3g40gb-9-0");
-    run("right", "half").await;
-    assert_eq!(running("right").await, "gpu-0-mig-3g40gb-9-4");
+    pods.delete(&["whole"]).await;
+    assert_eq!(pods.running("left").await.device, "gpu-0-mig-3g40gb-9-0");
+    pods.run("right", "half").await;
+    assert_eq!(pods.running("right").await.device, "gpu-0-mig-3g40gb-9-4");
     // All eight memory slices are taken: a 1g.10gb waits ...
-    run("small", "slice").await;
-    pending("small").await;
+    pods.run("small", "slice").await;
+    pods.pending("small").await;
     // ... until the left half is freed, and gets a placement in it.
-    workload::delete_pods(&client, &namespace, &["left"], TIMEOUT)
-        .await
-        .unwrap();
-    let small = running("small").await;
+    pods.delete(&["left"]).await;
+    let small = pods.running("small").await.device;
     assert!(
         [0, 1, 2, 3]
             .iter()
             .any(|start| small == format!("gpu-0-mig-1g10gb-19-{start}")),
         "small got {small}"
     );
-    workload::delete_pods(&client, &namespace, &["right", "small"], TIMEOUT)
+    pods.delete(&["right", "small"]).await;
+}
+
+/// Consumable shares on dynamic MIG partitions (`--consumable-shares=memory`) with the real
+/// scheduler: two claims asking for 4Gi of a `1g.10gb` get the same partition under two share
+/// IDs, and both pods run on its one MIG instance (the same capability device in both CDI
+/// specs); the shared partition still blocks the full GPU through its counters, charged once
+/// for both claims; the instance outlives the first pod, and the GPU is whole again once the
+/// last share goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dynamic_mig_partitions_are_shared_by_claims_with_the_real_scheduler() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let pods = Pods::on_gpu0(
+        fixture,
+        SHARED_DYNAMIC_MIG_NODE,
+        "dynmig-shared",
+        Some(json!({ "requests": { "memory": "4Gi" } })),
+    )
+    .await;
+
+    pods.run("first", "slice").await;
+    let first = pods.running("first").await;
+    pods.run("second", "slice").await;
+    let second = pods.running("second").await;
+    assert!(
+        first.device.starts_with("gpu-0-mig-1g10gb-19-"),
+        "{}",
+        first.device
+    );
+    assert_eq!(first.device, second.device, "the partition is shared");
+    assert!(
+        first.share_id.is_some() && first.share_id != second.share_id,
+        "{:?} {:?}",
+        first.share_id,
+        second.share_id
+    );
+    let instance = pods.mig_capabilities(&first.claim_uid);
+    assert!(!instance.is_empty(), "no MIG capability in the CDI spec");
+    assert_eq!(instance, pods.mig_capabilities(&second.claim_uid));
+
+    // The counters the shared partition consumes keep the full GPU away ...
+    pods.run("whole", "whole").await;
+    pods.pending("whole").await;
+    // ... while one share is left.
+    pods.delete(&["first"]).await;
+    pods.pending_still("whole").await;
+    assert_eq!(pods.mig_capabilities(&second.claim_uid), instance);
+    pods.delete(&["second"]).await;
+    assert_eq!(pods.running("whole").await.device, "gpu-0");
+    pods.delete(&["whole"]).await;
+}
+
+/// Pods on one node, with claim templates selecting on its first GPU: `whole` (the full GPU),
+/// `half` (a `3g.40gb` of it) and `slice` (a `1g.10gb`).
+struct Pods<'a> {
+    node: &'a KubeletNode,
+    client: kube::Client,
+    namespace: String,
+}
+
+/// What a running pod's claim got.
+struct Allocation {
+    claim_uid: String,
+    device: String,
+    share_id: Option<String>,
+}
+
+impl<'a> Pods<'a> {
+    /// The scene and the templates; `capacity` is added to the partition requests (consumable
+    /// shares).
+    async fn on_gpu0(
+        fixture: &'a Fixture,
+        node: &str,
+        namespace: &str,
+        capacity: Option<serde_json::Value>,
+    ) -> Self {
+        let (node, client, namespace) = scene(fixture, node, namespace).await;
+        // The profile's first GPU, as the plugin publishes it.
+        let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("dgx-h100")
+            .unwrap()
+            .hardware()
+            .gpus[0]
+            .info
+            .uuid
+            .clone();
+        let domain = "device.attributes['gpu.nvidia.com']";
+        let on_gpu0 = |profile: &str| {
+            format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '{profile}'")
+        };
+        let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
+        for (name, class, expression, capacity) in [
+            (
+                "whole",
+                "gpu.nvidia.com",
+                format!("{domain}.uuid == '{gpu0}'"),
+                None,
+            ),
+            (
+                "half",
+                "mig.nvidia.com",
+                on_gpu0("3g.40gb"),
+                capacity.clone(),
+            ),
+            (
+                "slice",
+                "mig.nvidia.com",
+                on_gpu0("1g.10gb"),
+                capacity.clone(),
+            ),
+        ] {
+            let mut request = json!({ "selectors": [{ "cel": { "expression": expression } }] });
+            if let Some(capacity) = capacity {
+                request["capacity"] = capacity;
+            }
+            let template =
+                workload::claim_template(&namespace, name, class, request, None).unwrap();
+            templates
+                .create(&PostParams::default(), &template)
+                .await
+                .unwrap();
+        }
+        Self {
+            node,
+            client,
+            namespace,
+        }
+    }
+
+    /// Creates pod `pod` with a claim from `template`.
+    async fn run(&self, pod: &str, template: &str) {
+        let spec = workload::pod_using(
+            &self.namespace,
+            pod,
+            self.node.name(),
+            &ClaimSource::Template(template.to_owned()),
+            &["main"],
+        );
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &spec)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `pod` runs with its device's CDI name at the CRI; what it got.
+    async fn running(&self, pod: &str) -> Allocation {
+        workload::wait_for_pod_running(&self.client, &self.namespace, pod, TIMEOUT)
+            .await
+            .unwrap();
+        let cdi = self
+            .node
+            .cri_log()
+            .wait_for_container(&format!("{}/{pod}", self.namespace), "main", TIMEOUT)
+            .await
+            .unwrap();
+        let allocation = allocation(&self.claims(), pod).await;
+        // A share's CDI device is named after its share ID too.
+        let expected = format!(
+            "k8s.gpu.nvidia.com/claim={}-{}{}",
+            allocation.claim_uid,
+            allocation.device,
+            allocation
+                .share_id
+                .as_ref()
+                .map(|share| format!("-{share}"))
+                .unwrap_or_default()
+        );
+        assert!(cdi.contains(&expected), "{pod}: the CRI got {cdi:?}");
+        allocation
+    }
+
+    /// Waits until the scheduler reports that `pod` does not fit, and checks it is pending.
+    async fn pending(&self, pod: &str) {
+        workload::wait_for_pod_event(
+            &self.client,
+            &self.namespace,
+            pod,
+            "FailedScheduling",
+            TIMEOUT,
+        )
         .await
-        .unwrap();
+        .unwrap_or_else(|error| panic!("{pod} should stay pending: {error}"));
+        self.pending_still(pod).await;
+    }
+
+    /// Checks that `pod` is pending, after giving the scheduler time to retry.
+    async fn pending_still(&self, pod: &str) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let phase = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .get(pod)
+            .await
+            .unwrap()
+            .status
+            .and_then(|status| status.phase);
+        assert_eq!(phase.as_deref(), Some("Pending"), "{pod}");
+        let events = workload::pod_events(&self.client, &self.namespace, pod).await;
+        assert!(
+            !events
+                .iter()
+                .any(|event| event.contains(" Scheduled:") || event.contains("FailedPrepare")),
+            "{pod} was scheduled: {events:?}"
+        );
+    }
+
+    async fn delete(&self, pods: &[&str]) {
+        workload::delete_pods(&self.client, &self.namespace, pods, TIMEOUT)
+            .await
+            .unwrap();
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The MIG capability device nodes in the CDI spec of claim `uid`: they name the GPU and
+    /// compute instance.
+    fn mig_capabilities(&self, uid: &str) -> Vec<String> {
+        let spec = spec_path(self.node, uid);
+        let text = std::fs::read_to_string(&spec)
+            .unwrap_or_else(|error| panic!("reading {}: {error}", spec.display()));
+        let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let mut caps: Vec<String> = spec["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|device| {
+                device["containerEdits"]["deviceNodes"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|node| node["path"].as_str().map(str::to_owned))
+            .filter(|path| path.starts_with("/dev/nvidia-caps/"))
+            .collect();
+        caps.sort();
+        caps
+    }
+}
+
+/// Where the plugin on `node` writes the CDI spec of claim `uid` (upstream's file name).
+fn spec_path(node: &KubeletNode, uid: &str) -> std::path::PathBuf {
+    node.cdi_root()
+        .join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"))
 }
 
 /// The UID of the claim made for `pod` from its template, and the one device allocated to it.
 async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, String) {
+    let allocation = allocation(claims, pod).await;
+    (allocation.claim_uid, allocation.device)
+}
+
+/// What the claim made for `pod` from its template got: one device of ours.
+async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
     let list = claims.list(&ListParams::default()).await.unwrap();
     let claim = list
         .items
@@ -477,10 +645,11 @@ async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, St
         .unwrap_or_default();
     assert_eq!(results.len(), 1, "{pod}: {results:?}");
     assert_eq!(results[0].driver, DRIVER_NAME);
-    (
-        claim.metadata.uid.unwrap_or_default(),
-        results[0].device.clone(),
-    )
+    Allocation {
+        claim_uid: claim.metadata.uid.unwrap_or_default(),
+        device: results[0].device.clone(),
+        share_id: results[0].share_id.clone(),
+    }
 }
 
 /// Device health with the real scheduler: an XID on the T4 node's only GPU taints it

@@ -250,6 +250,60 @@ async fn with_consumable_shares_a_gpu_is_allocated_to_as_many_claims_as_it_has_s
     assert!(!error.is_empty());
 }
 
+/// With consumable shares a MIG device takes several claims like a GPU: every capacity besides
+/// memory is published with a zero default (without a policy, each share would take all of
+/// the device's multiprocessors and memory slices, and a second claim would never fit). The
+/// same for a dynamic MIG partition, whose counters, charged once for all its shares, still
+/// keep the full GPU away.
+#[tokio::test]
+async fn with_consumable_shares_mig_devices_and_partitions_take_several_claims() {
+    let domain = "device.attributes['gpu.nvidia.com']";
+    let flags = |gates: &'static str| ["--feature-gates", gates, "--consumable-shares", "2"];
+    // Static MIG (dgx-a100: MIG devices on GPUs 0-2).
+    let fixture = start_with("dgx-a100", &flags("ConsumableShares=true")).await;
+    let profile = format!("{domain}.profile == '1g.10gb'");
+    let mut devices = Vec::new();
+    for name in ["static-1", "static-2"] {
+        let results = fixture
+            .allocate_results(name, "mig.nvidia.com", Some(&profile))
+            .await
+            .unwrap();
+        assert!(results[0].share_id.is_some(), "{results:?}");
+        devices.push(results[0].device.clone());
+    }
+    assert_eq!(devices[0], devices[1]);
+
+    // Dynamic MIG (dgx-h100).
+    let fixture = start_with("dgx-h100", &flags("DynamicMIG=true,ConsumableShares=true")).await;
+    let gpu0 = fixture._nvidia.discovery.partitionable[0].info.uuid.clone();
+    let partition = format!("{domain}.parentUUID == '{gpu0}' && {domain}.profile == '1g.10gb'");
+    let mut devices = Vec::new();
+    for name in ["first", "second", "third"] {
+        devices.extend(
+            fixture
+                .allocate(name, "mig.nvidia.com", Some(&partition))
+                .await
+                .unwrap(),
+        );
+    }
+    // Two shares per device: the third claim gets the next placement.
+    assert_eq!(
+        devices,
+        [
+            "gpu-0-mig-1g10gb-19-0",
+            "gpu-0-mig-1g10gb-19-0",
+            "gpu-0-mig-1g10gb-19-1"
+        ]
+    );
+    let whole = format!("{domain}.uuid == '{gpu0}'");
+    assert!(
+        fixture
+            .allocate("whole", "gpu.nvidia.com", Some(&whole))
+            .await
+            .is_err()
+    );
+}
+
 /// Dynamic MIG through the test kit's allocator: the counters keep overlapping partitions
 /// apart, a partition blocks the full GPU and the full GPU every partition, and a freed
 /// placement is handed out again.

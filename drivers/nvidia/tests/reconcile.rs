@@ -6,7 +6,10 @@ mod fixture;
 
 use std::time::Duration;
 
-use dra_driver_nvidia::driver::{ClaimState, PreparedDeviceState, PreparedKind, VfioBinder};
+use dra_driver_nvidia::backend::GpuInventory;
+use dra_driver_nvidia::driver::{
+    ClaimState, MigInstance, PreparedDeviceState, PreparedKind, VfioBinder,
+};
 use dra_driver_nvidia::host::CommandOutput;
 use dra_sdk::driver::ClaimRef;
 use fixture::*;
@@ -113,10 +116,23 @@ fn without_passthrough_only_recorded_bindings_are_looked_at() {
 /// (compute instance, then GPU instance), except on a GPU that waits for a reset, whose
 /// instances are reported and left alone; MIG mode is never touched. Without the gate,
 /// nothing is.
+/// The `dgx-a100` profile's 3g.40gb at 4:4 on GPU 1 (GPU instance 1), as a claim records it.
+fn half_of_gpu1(gpu1: &GpuInventory, uuid: &str) -> MigInstance {
+    MigInstance {
+        uuid: uuid.to_owned(),
+        parent_uuid: gpu1.info.uuid.clone(),
+        parent_minor: gpu1.info.minor,
+        profile_id: 9,
+        placement_start: 4,
+        placement_size: 4,
+        gpu_instance_id: 1,
+        compute_instance_id: 0,
+    }
+}
+
 #[test]
 fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
     use dra_driver_nvidia::backend::{GpuBackend, MigMode};
-    use dra_driver_nvidia::driver::MigInstance;
     use dra_driver_nvidia::mig::MigCall;
 
     let f = Fixture::new("dgx-a100");
@@ -145,16 +161,7 @@ fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
         devices: vec![PreparedDeviceState {
             device: "gpu-1-mig-3g40gb-9-4".to_owned(),
             admin_access: false,
-            kind: PreparedKind::MigDynamic(MigInstance {
-                uuid: owned.uuid.clone(),
-                parent_uuid: gpu1.info.uuid.clone(),
-                parent_minor: gpu1.info.minor,
-                profile_id: 9,
-                placement_start: 4,
-                placement_size: 4,
-                gpu_instance_id: 1,
-                compute_instance_id: 0,
-            }),
+            kind: PreparedKind::MigDynamic(half_of_gpu1(&gpu1, &owned.uuid)),
         }],
         ..ClaimState::default()
     };
@@ -204,5 +211,87 @@ fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
             .get("gpu-1-mig-3g40gb-9-4")
             .map(String::as_str),
         Some("uid-kept")
+    );
+}
+
+/// Dynamic MIG with consumable shares: a partition two completed claims share keeps its
+/// instance at start, and the instance goes with the second of them, not the first.
+#[tokio::test]
+async fn a_partition_two_completed_claims_share_is_kept_until_both_go() {
+    use dra_driver_nvidia::backend::GpuBackend;
+    use dra_driver_nvidia::mig::MigCall;
+    use dra_driver_nvidia::sharing::SharedAllocation;
+    use dra_sdk::context::RecordedClaim;
+    use dra_sdk::driver::Driver;
+
+    let f = Fixture::new("dgx-a100");
+    let mig = f.backend.mig();
+    let gpu1 = f.inventory.gpus[1].clone();
+    let device = "gpu-1-mig-3g40gb-9-4";
+    let shared = gpu1
+        .mig_devices
+        .iter()
+        .find(|d| d.gpu_instance_id == 1)
+        .unwrap();
+    let state = |share: &str| ClaimState {
+        devices: vec![PreparedDeviceState {
+            device: device.to_owned(),
+            admin_access: false,
+            kind: PreparedKind::MigDynamic(half_of_gpu1(&gpu1, &shared.uuid)),
+        }],
+        shares: vec![SharedAllocation {
+            device: device.to_owned(),
+            share_id: share.to_owned(),
+            config: serde_json::json!({ "kind": "MigDeviceConfig" }),
+        }],
+        ..ClaimState::default()
+    };
+    let [a, b] = ["a", "b"].map(|name| ClaimRef::new("default", name, format!("uid-{name}")));
+    let driver = f
+        .builder("DynamicMIG=true,ConsumableShares=true")
+        .consumable_shares(dra_driver_nvidia::sharing::ConsumableShares::Memory)
+        .build();
+    let report =
+        driver.reconcile_claims([(a.clone(), state("share-a")), (b.clone(), state("share-b"))]);
+    assert!(report.failures.is_empty(), "{:?}", report.failures);
+    assert!(
+        report
+            .mig
+            .destroyed
+            .iter()
+            .all(|orphan| !(orphan.gpu == gpu1.info.uuid && orphan.gpu_instance_id == 1)),
+        "{:?}",
+        report.mig.destroyed
+    );
+    assert_eq!(driver.shared_devices()[device], ["uid-a", "uid-b"]);
+    mig.take_calls();
+
+    let recorded = |claim: &ClaimRef, share: &str| {
+        RecordedClaim::new(claim.clone())
+            .with_driver_state(serde_json::to_value(state(share)).unwrap())
+    };
+    driver.unprepare(&recorded(&a, "share-a")).await.unwrap();
+    assert!(mig.take_calls().is_empty(), "still used by claim b");
+    driver.unprepare(&recorded(&b, "share-b")).await.unwrap();
+    assert_eq!(
+        mig.take_calls(),
+        [
+            MigCall::DestroyComputeInstance {
+                gpu: gpu1.info.uuid.clone(),
+                gpu_instance_id: 1,
+                compute_instance_id: 0,
+            },
+            MigCall::DestroyGpuInstance {
+                gpu: gpu1.info.uuid.clone(),
+                gpu_instance_id: 1,
+            },
+        ]
+    );
+    assert!(
+        f.backend
+            .mig_devices(&gpu1.info.uuid)
+            .unwrap()
+            .iter()
+            .all(|d| d.uuid != shared.uuid)
     );
 }

@@ -691,16 +691,24 @@ impl Discovery {
                     .iter()
                     .filter(|gpu| gpu.info.uuid == parent.info.uuid)
                     .map(|gpu| {
-                        Device::new(&gpu.name)
+                        let device = Device::new(&gpu.name)
                             .with_attributes(&gpu.attributes)
-                            .consumes(&parent.counter_set, parent.counters.clone())
+                            .consumes(&parent.counter_set, parent.counters.clone());
+                        self.consumable_shares
+                            .publish(device, gpu.info.memory_bytes)
                     });
+                // With consumable shares, a partition (and the full GPU) is allocated to
+                // several claims; the scheduler charges its counters once, for the first
+                // (KEP-5075 with KEP-4815), so sharing claims never block each other.
                 let mut devices: Vec<Device> = full
                     .chain(
                         self.partitions
                             .iter()
                             .filter(|partition| partition.parent.uuid == parent.info.uuid)
-                            .map(MigPartition::device),
+                            .map(|partition| {
+                                self.consumable_shares
+                                    .publish(partition.device(), partition.profile.memory_bytes())
+                            }),
                     )
                     .collect();
                 devices.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));

@@ -13,9 +13,18 @@
 //! back (nothing to undo for the driver), and possibly an instance: the start-up clean-up
 //! ([`reconcile`]) destroys every instance that no `PrepareCompleted` claim records.
 //!
+//! # Shared partitions
+//!
+//! With consumable shares (`--consumable-shares`) the scheduler allocates one partition to
+//! several claims (each with a share ID), which the node checks have identical configs. The
+//! first claim's prepare creates the instance, the others reuse it, and it is destroyed when
+//! the last of them is unprepared. [`MigInstances`] keeps, for each partition with an
+//! instance, the instance and the claims holding it; every claim's checkpoint record names
+//! the instance, so the holders are rebuilt at start.
+//!
 //! # Serialization
 //!
-//! MIG operations of this process run one at a time ([`MigLock`]): turning MIG mode off when
+//! MIG operations of this process run one at a time ([`MigInstances`]): turning MIG mode off when
 //! the last instance of a GPU goes must not race with a prepare that just turned it on, and
 //! the clean-up must not see a prepare's instance before its claim is recorded. Across
 //! processes (a rolling update runs two plugins on a node) the plugin opts into the SDK's
@@ -29,7 +38,7 @@
 //! clean-up leaves its instances alone and reports them ([`KeptMigInstance`], a warning in the
 //! log). MIG mode is toggled only on GPUs that switch without a reset (Hopper and later).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use dra_sdk::cdi::ContainerEdits;
@@ -75,16 +84,48 @@ impl MigInstance {
     }
 }
 
-/// The process-wide lock of MIG operations (see the [module docs](self)).
+/// The partitions of this node with an instance, by device name, and the claims holding
+/// each; its lock is also the process-wide lock of MIG operations (see the
+/// [module docs](self)).
 #[derive(Debug, Default)]
-pub(super) struct MigLock(Mutex<()>);
+pub(super) struct MigInstances(Mutex<BTreeMap<String, LivePartition>>);
 
-impl MigLock {
-    fn hold(&self) -> MutexGuard<'_, ()> {
-        // The guarded value is `()`: a panicking holder leaves nothing inconsistent here.
+/// A partition's instance and the UIDs of the claims holding it (none: its destruction
+/// failed, and is tried again by the next unprepare).
+#[derive(Debug)]
+pub(super) struct LivePartition {
+    instance: MigInstance,
+    holders: BTreeSet<String>,
+}
+
+type Live = BTreeMap<String, LivePartition>;
+
+impl MigInstances {
+    fn hold(&self) -> MutexGuard<'_, Live> {
+        // Every update is one insert or one remove: a panicking holder leaves it consistent.
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Replaces what is known with the partitions the prepared claims record, `(uid, state)`
+    /// (at start, from the checkpoint).
+    pub(super) fn restore<'a>(&self, claims: impl IntoIterator<Item = (&'a str, &'a ClaimState)>) {
+        let mut live = Live::new();
+        for (uid, state) in claims {
+            for device in &state.devices {
+                if let PreparedKind::MigDynamic(instance) = &device.kind {
+                    live.entry(device.device.clone())
+                        .or_insert_with(|| LivePartition {
+                            instance: instance.clone(),
+                            holders: BTreeSet::new(),
+                        })
+                        .holders
+                        .insert(uid.to_owned());
+                }
+            }
+        }
+        *self.hold() = live;
     }
 }
 
@@ -115,19 +156,19 @@ fn manager(inner: &Inner) -> Result<&dyn MigManager, DriverError> {
     })
 }
 
-/// Creates the partition's GPU and compute instance and computes its container edits.
-/// Undoes what it created when a later step fails, so an error leaves the GPU as it was.
-/// `earlier` is the state of an earlier successful attempt of the same claim, whose instance
-/// is reused when it still exists.
+/// Gives claim `uid` the partition's instance, with its container edits: the one that
+/// exists already (another claim's share, or an earlier attempt of this claim), or a GPU and
+/// compute instance created now. Undoes what it created when a later step fails, so an
+/// error leaves the GPU as it was. Claim `uid` holds the instance until [`release`].
 pub(super) fn create(
     inner: &Inner,
+    uid: &str,
     device: &str,
     plan: &PlannedPartition,
-    earlier: Option<&ClaimState>,
 ) -> Result<(ContainerEdits, MigInstance), DriverError> {
     let mig = manager(inner)?;
     let gpu = &plan.parent.uuid;
-    let _lock = inner.mig_lock.hold();
+    let mut live = inner.mig_instances.hold();
     let instances = |what: &str| {
         inner
             .backend
@@ -135,28 +176,27 @@ pub(super) fn create(
             .map_err(|error| device_error(device, format!("{what}: {error}")))
     };
 
-    let reused = earlier
-        .into_iter()
-        .flat_map(|state| &state.devices)
-        .filter(|prepared| prepared.device == device)
-        .find_map(|prepared| match &prepared.kind {
-            PreparedKind::MigDynamic(instance) => Some(instance.clone()),
-            _ => None,
-        });
-    if let Some(instance) = reused
-        && instances("listing the MIG devices")?
+    if let Some(partition) = live.get_mut(device) {
+        let instance = partition.instance.clone();
+        if instances("listing the MIG devices")?
             .iter()
             .any(|existing| existing.uuid == instance.uuid)
-    {
-        let edits = inner
-            .cdi
-            .mig(
-                instance.parent_minor,
-                instance.gpu_instance_id,
-                instance.compute_instance_id,
-            )
-            .map_err(|error| device_error(device, error))?;
-        return Ok((edits, instance));
+        {
+            let edits = inner
+                .cdi
+                .mig(
+                    instance.parent_minor,
+                    instance.gpu_instance_id,
+                    instance.compute_instance_id,
+                )
+                .map_err(|error| device_error(device, error))?;
+            partition.holders.insert(uid.to_owned());
+            tracing::debug!(%gpu, device, holders = partition.holders.len(), "MIG partition reused");
+            return Ok((edits, instance));
+        }
+        // Destroyed behind our back: made again below.
+        tracing::warn!(%gpu, device, uuid = %instance.uuid, "a prepared MIG partition is gone; creating it again");
+        live.remove(device);
     }
 
     let mode = inner
@@ -241,19 +281,24 @@ pub(super) fn create(
     match result {
         Ok((edits, uuid)) => {
             tracing::info!(%gpu, device, gpu_instance_id, compute_instance_id, %uuid, "MIG partition created");
-            Ok((
-                edits,
-                MigInstance {
-                    uuid,
-                    parent_uuid: plan.parent.uuid.clone(),
-                    parent_minor: plan.parent.minor,
-                    profile_id: plan.profile.id,
-                    placement_start: placement.start,
-                    placement_size: placement.size,
-                    gpu_instance_id,
-                    compute_instance_id,
+            let instance = MigInstance {
+                uuid,
+                parent_uuid: plan.parent.uuid.clone(),
+                parent_minor: plan.parent.minor,
+                profile_id: plan.profile.id,
+                placement_start: placement.start,
+                placement_size: placement.size,
+                gpu_instance_id,
+                compute_instance_id,
+            };
+            live.insert(
+                device.to_owned(),
+                LivePartition {
+                    instance: instance.clone(),
+                    holders: BTreeSet::from([uid.to_owned()]),
                 },
-            ))
+            );
+            Ok((edits, instance))
         }
         Err(error) => {
             undo(Some(compute_instance_id));
@@ -278,11 +323,34 @@ fn creation_error(profile: &MigProfileInfo, error: MigError) -> String {
     }
 }
 
-/// Destroys a prepared partition (compute instance, then GPU instance). An instance already
-/// gone is no error, so unprepare can be retried.
-pub(super) fn destroy(inner: &Inner, instance: &MigInstance) -> Result<(), String> {
+/// Claim `uid` lets go of partition `device`, whose instance it recorded as `instance`; the
+/// instance is destroyed (compute instance, then GPU instance) unless another claim still
+/// holds it. An instance already gone is no error, so unprepare can be retried.
+pub(super) fn release(
+    inner: &Inner,
+    uid: &str,
+    device: &str,
+    instance: &MigInstance,
+) -> Result<(), String> {
+    let mut live = inner.mig_instances.hold();
+    let Some(partition) = live.get_mut(device) else {
+        // No claim is known to hold it: destroy what the claim recorded.
+        return destroy(inner, instance);
+    };
+    partition.holders.remove(uid);
+    if !partition.holders.is_empty() {
+        tracing::info!(gpu = %instance.parent_uuid, device, holders = partition.holders.len(), "MIG partition kept: other claims share it");
+        return Ok(());
+    }
+    let instance = partition.instance.clone();
+    destroy(inner, &instance)?;
+    live.remove(device);
+    Ok(())
+}
+
+/// Destroys an instance; the caller holds [`MigInstances`].
+fn destroy(inner: &Inner, instance: &MigInstance) -> Result<(), String> {
     let mig = manager(inner).map_err(|error| error.to_string())?;
-    let _lock = inner.mig_lock.hold();
     let gpu = &instance.parent_uuid;
     let exists = mig
         .gpu_instances(gpu)
@@ -371,8 +439,11 @@ pub struct MigCleanup {
 
 /// Destroys the MIG instances on this node that no completed claim records (see the
 /// [module docs](self)), except on GPUs that need a reset.
+/// `completed` holds `(uid, state)` of each completed claim; they hold their partitions from
+/// now on.
 #[tracing::instrument(skip_all)]
-pub(super) fn reconcile(inner: &Inner, completed: &[ClaimState]) -> MigCleanup {
+pub(super) fn reconcile(inner: &Inner, completed: &[(&str, &ClaimState)]) -> MigCleanup {
+    inner.mig_instances.restore(completed.iter().copied());
     let mut cleanup = MigCleanup::default();
     let Some(mig) = inner.mig.as_deref() else {
         cleanup
@@ -382,7 +453,7 @@ pub(super) fn reconcile(inner: &Inner, completed: &[ClaimState]) -> MigCleanup {
     };
     let owned: BTreeSet<(String, u32)> = completed
         .iter()
-        .flat_map(|state| &state.devices)
+        .flat_map(|(_, state)| &state.devices)
         .filter_map(|device| match &device.kind {
             PreparedKind::MigDynamic(instance) => {
                 Some((instance.parent_uuid.clone(), instance.gpu_instance_id))
@@ -390,7 +461,7 @@ pub(super) fn reconcile(inner: &Inner, completed: &[ClaimState]) -> MigCleanup {
             _ => None,
         })
         .collect();
-    let _lock = inner.mig_lock.hold();
+    let _lock = inner.mig_instances.hold();
     let gpus = match inner.backend.gpus() {
         Ok(gpus) => gpus,
         Err(error) => {

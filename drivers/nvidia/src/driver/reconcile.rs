@@ -110,7 +110,10 @@ fn reconcile(inner: &Inner, completed: Vec<(ClaimRef, ClaimState)>) -> Reconcile
     let previous = std::mem::replace(&mut *inner.reservations(), fresh);
 
     if inner.gates.is_enabled(FeatureGate::DynamicMig) {
-        let states: Vec<ClaimState> = completed.iter().map(|(_, state)| state.clone()).collect();
+        let states: Vec<(&str, &ClaimState)> = completed
+            .iter()
+            .map(|(claim, state)| (claim.uid.as_str(), state))
+            .collect();
         report.mig = dynamic_mig::reconcile(inner, &states);
         report.failures.append(&mut report.mig.failures);
     }

@@ -8,6 +8,12 @@
 //! | `unlimited` | the same, but default 0 and minimum 0: a claim that asks for no memory takes none |
 //! | `N` (a positive number) | as `unlimited`, plus capacity `shares` = N with default 1, range 1..N, step 1 |
 //!
+//! Every other capacity of the device (a MIG device's `multiprocessors`, engines and
+//! `memorySlice<i>`) gets a policy of default 0, range 0..all: the scheduler gives a share
+//! that does not ask for a capacity **the whole of it** when the capacity has no policy
+//! (KEP-5075), so without one the first claim would take every multiprocessor and no second
+//! claim would fit. A claim may still ask for an amount, which the scheduler then books.
+//!
 //! The scheduler then hands out shares of a device (each with a `shareID`). At prepare the
 //! node checks what the scheduler cannot: every claim prepared on a device shares it with
 //! the **same normalised config** (the same sharing strategy and settings); a claim whose
@@ -111,9 +117,13 @@ impl ConsumableShares {
                 CapacityRequestPolicy::with_default("0").valid_range("0", Some(&all), Some("1Mi"))
             }
         };
-        let mut device = device
-            .allow_multiple_allocations(true)
-            .capacity("memory", memory.with_request_policy(policy));
+        let mut device = device.allow_multiple_allocations(true);
+        for capacity in device.capacity.values_mut() {
+            let all = capacity.value.0.clone();
+            capacity.request_policy =
+                Some(CapacityRequestPolicy::with_default("0").valid_range("0", Some(&all), None));
+        }
+        device = device.capacity("memory", memory.with_request_policy(policy));
         if let Self::Shares(n) = self {
             let n = n.to_string();
             device = device.capacity(
@@ -169,18 +179,36 @@ mod tests {
             "Range { min: Quantity(\"1Mi\"), max: Some(Quantity(\"40Gi\")), step: Some(Quantity(\"1Mi\")) }"
         );
         let device = ConsumableShares::Unlimited.publish(Device::new("gpu-0"), memory);
-        assert_eq!(
-            device.capacity["memory"]
-                .request_policy
-                .clone()
-                .unwrap()
-                .default
-                .unwrap()
-                .0,
-            "0"
-        );
+        assert_eq!(default_of(&device, "memory"), "0");
         assert!(!device.capacity.contains_key("shares"));
         let plain = ConsumableShares::Disabled.publish(Device::new("gpu-0"), memory);
         assert!(!plain.allow_multiple_allocations && plain.capacity.is_empty());
+    }
+
+    /// A share that does not ask for a capacity without a policy would get all of it: every
+    /// capacity besides memory gets default 0.
+    #[test]
+    fn other_capacities_are_not_taken_whole_by_each_share() {
+        let mig = Device::new("gpu-0-mig-1g10gb-19-0")
+            .capacity("multiprocessors", DeviceCapacity::new("16"))
+            .capacity("memorySlice0", DeviceCapacity::new("1"));
+        let device = ConsumableShares::Shares(NonZeroU32::new(4).unwrap()).publish(mig, 10 << 30);
+        for (name, all) in [("multiprocessors", "16"), ("memorySlice0", "1")] {
+            assert_eq!(
+                format!("{:?}", device.capacity[name].request_policy),
+                format!(
+                    "Some(CapacityRequestPolicy {{ default: Some(Quantity(\"0\")), valid: \
+                     Some(Range {{ min: Quantity(\"0\"), max: Some(Quantity(\"{all}\")), step: None }}) }})"
+                ),
+                "{name}"
+            );
+        }
+        assert_eq!(default_of(&device, "shares"), "1");
+    }
+
+    /// What a share takes of capacity `name` when it does not ask.
+    fn default_of(device: &Device, name: &str) -> String {
+        let policy = device.capacity[name].request_policy.as_ref().unwrap();
+        policy.default.as_ref().unwrap().0.clone()
     }
 }

@@ -4,7 +4,10 @@
 
 use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
 use dra_driver_nvidia::mig::{MigCall, MigCallKind};
+use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::context::RecordedClaim;
+use dra_sdk::driver::Driver;
 use dra_sdk::testing::cluster::BOOT_ID;
 
 use super::*;
@@ -266,5 +269,205 @@ async fn a_gpu_prepared_whole_is_not_split_and_the_other_way_round() {
         .await;
     let refused = r.prepare_one(&again).await;
     assert!(refused.is_err(), "{refused:?}");
+    r.shutdown().await;
+}
+
+/// A claim for one share (`share_id`) of partition `device`, with `config` (a
+/// `MigDeviceConfig`'s fields) when given.
+fn partition_share(
+    name: &str,
+    device: &str,
+    share_id: &str,
+    config: Option<Value>,
+) -> AllocatedClaim {
+    let claim = AllocatedClaim::new("default", name).result(DeviceRequestAllocationResult {
+        request: "mig".into(),
+        driver: DRIVER_NAME.into(),
+        pool: NODE_NAME.into(),
+        device: device.into(),
+        share_id: Some(share_id.into()),
+        ..Default::default()
+    });
+    match config {
+        Some(mut config) => {
+            config["apiVersion"] = json!("resource.nvidia.com/v1beta1");
+            config["kind"] = json!("MigDeviceConfig");
+            claim.claim_config(&["mig"], DRIVER_NAME, config)
+        }
+        None => claim,
+    }
+}
+
+/// Consumable shares on a partition: the first claim creates the instance, a second with the
+/// same config gets that instance (no MIG call, the same capability nodes); a claim with
+/// another config and the full GPU are refused, naming the holder; the instance stays while a
+/// claim holds it, also across a restart (the holders come back from the checkpoint), and
+/// goes with the last.
+#[tokio::test]
+async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() {
+    let f = Fixture::new("dgx-h100");
+    let driver = f
+        .builder("DynamicMIG=true,ConsumableShares=true,TimeSlicingSettings=true")
+        .consumable_shares(ConsumableShares::Memory)
+        .build();
+    let r = start_driver(f, driver).await;
+    r.f.creatable_mig_capabilities();
+    let uuid = r.f.inventory.gpus[2].info.uuid.clone();
+    let uuid = uuid.as_str();
+    let mig = r.f.backend.mig();
+    let device = "gpu-2-mig-1g10gb-19-3";
+    let first = r
+        .claim(partition_share("first", device, "share-1", None))
+        .await;
+    let second = r
+        .claim(partition_share("second", device, "share-2", None))
+        .await;
+    let other_config = r
+        .claim(partition_share(
+            "other-config",
+            device,
+            "share-3",
+            Some(json!({ "sharing": { "strategy": "TimeSlicing" } })),
+        ))
+        .await;
+    let whole_share = |name: &str, gpu: &str| {
+        AllocatedClaim::new("default", name).result(DeviceRequestAllocationResult {
+            request: "gpu".into(),
+            driver: DRIVER_NAME.into(),
+            pool: NODE_NAME.into(),
+            device: gpu.into(),
+            share_id: Some(format!("{name}-share")),
+            ..Default::default()
+        })
+    };
+    let whole = r.claim(whole_share("whole", "gpu-2")).await;
+
+    assert!(r.prepare_one(&first).await.is_ok());
+    assert_eq!(
+        mig.take_calls(),
+        [
+            mode(uuid, true),
+            create_gi(uuid, 19, 3, 1),
+            create_ci(uuid, 1)
+        ]
+    );
+    let prepared = r.prepare_one(&second).await;
+    assert!(prepared.is_ok(), "{prepared:?}");
+    assert!(mig.take_calls().is_empty(), "the instance is reused");
+    assert_eq!(r.f.backend.mig_devices(uuid).unwrap().len(), 1);
+    assert_eq!(
+        device_paths(&r.spec(&first)["devices"][0]["containerEdits"]),
+        device_paths(&r.spec(&second)["devices"][0]["containerEdits"]),
+    );
+    let instance = |claim: &ClaimRef| record(&r, claim).driver_state.unwrap()["devices"][0].clone();
+    assert_eq!(instance(&first), instance(&second));
+    let mut holders = vec![first.uid.clone(), second.uid.clone()];
+    holders.sort();
+    assert_eq!(r.driver.shared_devices()[device], holders);
+
+    let error = r.prepare_one(&other_config).await.unwrap_err();
+    assert!(
+        error.contains(&format!(
+            "conflicting configuration: device {device} is shared with claim default/"
+        )),
+        "{error}"
+    );
+    // The GPU is in MIG mode now: its full GPU is not there to share.
+    let error = r.prepare_one(&whole).await.unwrap_err();
+    assert!(
+        error.contains("gpu-2: no such device on this node now"),
+        "{error}"
+    );
+    // The other way round: a GPU shared whole is not split for a partition's share.
+    let shared_whole = r.claim(whole_share("shared-whole", "gpu-5")).await;
+    let split = r
+        .claim(partition_share(
+            "split",
+            "gpu-5-mig-1g10gb-19-0",
+            "share-5",
+            None,
+        ))
+        .await;
+    assert!(r.prepare_one(&shared_whole).await.is_ok());
+    let error = r.prepare_one(&split).await.unwrap_err();
+    assert!(
+        error.contains("its GPU gpu-5 is prepared whole for claim default/shared-whole"),
+        "{error}"
+    );
+    r.unprepare_one(&shared_whole).await.unwrap();
+    assert!(mig.take_calls().is_empty());
+
+    // A restart: the holders come back from the checkpoint.
+    let Running {
+        f,
+        cluster,
+        plugin,
+        driver,
+        ..
+    } = r;
+    plugin.shutdown().await.unwrap();
+    drop(driver);
+    let (checkpoint, _) =
+        Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
+    let records = checkpoint.records().unwrap();
+    let restarted = f
+        .builder("DynamicMIG=true,ConsumableShares=true,TimeSlicingSettings=true")
+        .consumable_shares(ConsumableShares::Memory)
+        .prepared_claims(records.clone())
+        .build();
+    assert_eq!(restarted.shared_devices()[device], holders);
+    let recorded = |claim: &ClaimRef| {
+        let record = &records[&claim.uid];
+        RecordedClaim::new(claim.clone()).with_driver_state(record.driver_state.clone().unwrap())
+    };
+
+    // The first claim goes: the second still holds the instance.
+    restarted.unprepare(&recorded(&first)).await.unwrap();
+    assert!(mig.take_calls().is_empty(), "kept for the second claim");
+    assert_eq!(f.backend.mig_devices(uuid).unwrap().len(), 1);
+    // The last goes: destroyed, and MIG mode off again.
+    restarted.unprepare(&recorded(&second)).await.unwrap();
+    let [destroy_ci, destroy_gi] = destroy(uuid, 1);
+    assert_eq!(
+        mig.take_calls(),
+        [destroy_ci, destroy_gi, mode(uuid, false)]
+    );
+    assert!(restarted.shared_devices().is_empty());
+}
+
+/// Two claims of one batch (one pod) sharing a partition: prepared together, one instance.
+#[tokio::test]
+async fn claims_of_one_batch_share_one_instance() {
+    let f = Fixture::new("dgx-h100");
+    let driver = f
+        .builder("DynamicMIG=true,ConsumableShares=true")
+        .consumable_shares(ConsumableShares::Unlimited)
+        .build();
+    let r = start_driver(f, driver).await;
+    r.f.creatable_mig_capabilities();
+    let uuid = r.f.inventory.gpus[4].info.uuid.clone();
+    let device = "gpu-4-mig-2g20gb-14-2";
+    let a = r.claim(partition_share("a", device, "share-a", None)).await;
+    let b = r.claim(partition_share("b", device, "share-b", None)).await;
+    let results = r.kubelet.prepare(&[a.clone(), b.clone()]).await.unwrap();
+    assert!(
+        results[&a.uid].is_ok() && results[&b.uid].is_ok(),
+        "{results:?}"
+    );
+    let creates =
+        r.f.backend
+            .mig()
+            .take_calls()
+            .into_iter()
+            .filter(|call| matches!(call, MigCall::CreateGpuInstance { .. }))
+            .count();
+    assert_eq!(creates, 1);
+    assert_eq!(r.f.backend.mig_devices(&uuid).unwrap().len(), 1);
+    let results = r.kubelet.unprepare(&[a.clone(), b.clone()]).await.unwrap();
+    assert!(
+        results[&a.uid].is_ok() && results[&b.uid].is_ok(),
+        "{results:?}"
+    );
+    assert!(r.f.backend.mig_devices(&uuid).unwrap().is_empty());
     r.shutdown().await;
 }
