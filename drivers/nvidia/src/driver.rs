@@ -20,8 +20,9 @@
 //! 6. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
 //!
 //! With `DynamicMIG`, step 4 also creates the GPU and compute instance of each MIG partition
-//! (and a failure destroys the ones created), and unprepare destroys them; see
-//! `driver/dynamic_mig.rs`.
+//! (and a failure destroys the ones created), and unprepare destroys them; a partition shared
+//! by several claims (consumable shares) is created by the first and destroyed with the last.
+//! See `driver/dynamic_mig.rs`.
 //!
 //! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
 //! unreadable state is logged and nothing is undone),
