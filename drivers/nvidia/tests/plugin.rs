@@ -219,6 +219,38 @@ async fn a_gpu_and_its_vfio_twin_are_never_allocated_together() {
     );
 }
 
+/// With consumable shares and passthrough, the shares of a GPU charge its twin counter once,
+/// for the first (as the real scheduler does): every share of the GPU is allocated, and its
+/// VFIO twin none while any share is left.
+#[tokio::test]
+async fn shares_of_a_gpu_charge_its_twin_counter_once() {
+    let fixture = start_with(
+        "workstation",
+        &[
+            "--feature-gates",
+            "PassthroughSupport=true,ConsumableShares=true",
+            "--consumable-shares",
+            "2",
+        ],
+    )
+    .await;
+    for name in ["first", "second"] {
+        assert_eq!(
+            fixture
+                .allocate(name, "gpu.nvidia.com", None)
+                .await
+                .unwrap(),
+            ["gpu-0"]
+        );
+    }
+    assert!(
+        fixture
+            .allocate("vm", "vfio.gpu.nvidia.com", None)
+            .await
+            .is_err()
+    );
+}
+
 #[tokio::test]
 async fn with_consumable_shares_a_gpu_is_allocated_to_as_many_claims_as_it_has_shares() {
     let fixture = start_with(
