@@ -22,8 +22,8 @@
 //!   ([`PublishEvent::DroppedFields`]) and then left out, instead of rewriting forever.
 //! * **Operability**: never blocks the caller ([`PublisherHandle::update`] is a non-blocking
 //!   "latest wins" hand-off), retries API errors with jittered exponential backoff, reports
-//!   progress and errors through [`PublisherHandle::subscribe`] and
-//!   [`ResourceSlicePublisher::on_error`], counts writes and errors
+//!   progress and errors through [`ResourceSlicePublisher::subscribe`] (taken before it
+//!   runs) and [`PublisherHandle::subscribe`], counts writes and errors
 //!   ([`PublisherHandle::stats`], [`PublisherHandle::register_metrics`]).
 //!
 //! ```no_run

@@ -182,6 +182,13 @@ pub struct Device {
     pub binding_failure_conditions: Vec<String>,
     /// The device may be allocated many times; its capacities become consumable
     /// (`DRAConsumableCapacity`).
+    ///
+    /// Each allocation that does not ask for a capacity without a
+    /// [`request_policy`](DeviceCapacity::request_policy) takes **all** of it (KEP-5075), so
+    /// one such capacity lets a single claim use the device. Give every capacity that shares
+    /// should split a policy (for one that is only informational, default 0). The scheduler
+    /// charges a shared device's [`consumes`](Device::consumes) counters once, for its first
+    /// allocation.
     pub allow_multiple_allocations: bool,
 }
 
@@ -387,6 +394,7 @@ pub struct DeviceCapacity {
     /// How requests may consume the capacity of a device with
     /// [`Device::allow_multiple_allocations`](Device#structfield.allow_multiple_allocations)
     /// (`DRAConsumableCapacity`).
+    /// `None` there: every allocation that does not ask for the capacity takes all of it.
     pub request_policy: Option<CapacityRequestPolicy>,
 }
 

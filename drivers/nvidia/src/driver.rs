@@ -2,7 +2,7 @@
 //!
 //! Prepare, per claim:
 //!
-//! 1. read the hardware now ([`Discovery`](crate::devices::Discovery): the backend's
+//! 1. read the hardware now ([`Discovery`]: the backend's
 //!    inventory completed with the host's PCI facts, devices named exactly as published) and
 //!    resolve every allocated device name to a full GPU, a MIG device or a VFIO device; a
 //!    name not published now fails the claim;

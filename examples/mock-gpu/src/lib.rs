@@ -1,7 +1,7 @@
 //! A DRA driver for mock GPUs, built on dra-sdk: the example a vendor starts from.
 //!
 //! It publishes `--num-devices` GPUs with deterministic attributes, accepts a
-//! [`GpuConfig`](config::GpuConfig) opaque config, and "prepares" a GPU by handing the container
+//! [`GpuConfig`] opaque config, and "prepares" a GPU by handing the container
 //! environment variables that describe it, so a pod can prove what it got by printing its env.
 //!
 //! Two optional modes show the newer DRA features ([`PublishOptions`]):

@@ -22,7 +22,7 @@
 //! # A cluster for the tests of one binary
 //!
 //! Starting a cluster takes about 10 s; share one between the tests of a test binary and keep
-//! them apart with namespaces and driver names. [`RealCluster::start`] needs no particular
+//! them apart with namespaces and driver names. [`RealClusterBuilder::start`] needs no particular
 //! runtime (the components are processes, the waits are plain futures), so the cluster can
 //! live in a `static` initialised by whichever test comes first:
 //!

@@ -1,7 +1,7 @@
 //! The opaque configuration API `resource.nvidia.com/v1beta1`: [`GpuConfig`],
 //! [`MigDeviceConfig`] and [`VfioDeviceConfig`], with the upstream field names, defaults,
 //! normalisation and validation, decoded strictly through dra-sdk's
-//! [`ConfigRegistry`](dra_sdk::config::ConfigRegistry) (an unknown field is an error that
+//! [`ConfigRegistry`] (an unknown field is an error that
 //! names it).
 //!
 //! ```yaml

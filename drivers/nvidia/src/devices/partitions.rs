@@ -1,4 +1,4 @@
-//! Dynamic MIG (gate `DynamicMIG`, [`DiscoveryOptions::dynamic_mig`]): MIG-capable GPUs
+//! Dynamic MIG (gate `DynamicMIG`, [`DiscoveryOptions::dynamic_mig`](super::DiscoveryOptions::dynamic_mig)): MIG-capable GPUs
 //! published as partitionable devices.
 //!
 //! A GPU is *partitionable* when it supports MIG, lists its GPU-instance profiles, waits for

@@ -77,8 +77,8 @@ fn is_vfio_driver(driver: &str) -> bool {
 
 impl NvidiaDriver {
     /// Rebuilds the reservations from `completed` (the claims the checkpoint records as
-    /// prepared, with their driver state) and reconciles VFIO bindings; see the
-    /// [module docs](self). Blocking (sysfs reads and writes): call it off the async
+    /// prepared, with their driver state) and reconciles VFIO bindings (see
+    /// `driver/reconcile.rs`). Blocking (sysfs reads and writes): call it off the async
     /// runtime. [`Driver::reconcile`](dra_sdk::driver::Driver::reconcile) calls it at start.
     ///
     /// Claims reserved before that are not in `completed` are released; a binding one of them

@@ -1,9 +1,9 @@
 //! Device health (feature gate `NVMLDeviceHealthCheck`): backend events become device states
-//! through the SDK's one device-state API ([`DriverContext::set_device_states`]), which feeds
+//! through the SDK's one device-state API ([`DriverContext::set_device_states`](dra_sdk::context::DriverContext::set_device_states)), which feeds
 //! both the kubelet's health stream and the device taints in the ResourceSlice.
 //!
 //! * An event source per backend ([`HealthEventStream`], from
-//!   [`GpuBackend::health_events`]): NVML's event set (feature `nvml`), or the mock's
+//!   [`GpuBackend::health_events`](crate::backend::GpuBackend::health_events)): NVML's event set (feature `nvml`), or the mock's
 //!   injected and file events ([`MockEvents`]).
 //! * A policy ([`HealthPolicy`]): critical XIDs taint `gpu.nvidia.com/xid=<xid>` with effect
 //!   `NoSchedule` (`None` for ignorable XIDs: [`DEFAULT_IGNORED_XIDS`] plus

@@ -17,7 +17,9 @@ use crate::mig::{GpuInstanceInfo, MigCall, MigCallKind, MigError, MigManager};
 /// GPU instance IDs the mock hands out: 1 to 14, the range NVML uses on A100 and H100.
 const GPU_INSTANCE_IDS: std::ops::RangeInclusive<u32> = 1..=14;
 
-/// The changeable MIG state of a [`MockBackend`]: see the [module docs](self).
+/// The changeable MIG state of a [`MockBackend`]: GPU and compute instances created and
+/// destroyed in memory, every call recorded, failures injectable; shared by clones of the
+/// backend.
 #[derive(Clone, Default)]
 pub struct MockMig {
     shared: Arc<Mutex<State>>,

@@ -1,4 +1,4 @@
-//! The [`Deployment`](MpsRunner::Deployment) runner: each MPS control daemon runs as a
+//! The [`Deployment`](super::MpsRunner::Deployment) runner: each MPS control daemon runs as a
 //! Deployment `mps-control-daemon-<id>` in the plugin's namespace, as upstream, so that it
 //! outlives the plugin's container (a container restart, a DaemonSet upgrade): the kubelet
 //! keeps the daemon's pod running whatever happens to the plugin's.
