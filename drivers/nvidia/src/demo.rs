@@ -915,17 +915,30 @@ async fn drive(
             "metadata": { "name": plan.pod, "namespace": namespace, "labels": labels() },
             "spec": spec,
         }))?;
+        // The claim, owned by `owner` (pod name and UID) when given.
+        let create_claim = |owner: Option<&str>| {
+            let mut metadata =
+                json!({ "name": plan.claim, "namespace": namespace, "labels": labels() });
+            if let Some(uid) = owner {
+                metadata["ownerReferences"] = json!([{
+                    "apiVersion": "v1", "kind": "Pod", "name": plan.pod, "uid": uid,
+                    "controller": true,
+                }]);
+            }
+            let claims = &claims;
+            let claim =
+                from_json::<ResourceClaim>(json!({ "metadata": metadata, "spec": plan.spec }));
+            async move {
+                claims
+                    .create(&PostParams::default(), &claim?)
+                    .await
+                    .map_err(err(format!("creating claim {}", plan.claim)))
+            }
+        };
         // A template's claim is made by the resourceclaim controller, owned by the pod: on the
         // embedded cluster, which has none, by the demo below once the pod has its UID.
         if plan.template.is_none() {
-            let claim: ResourceClaim = from_json(json!({
-                "metadata": { "name": plan.claim, "namespace": namespace, "labels": labels() },
-                "spec": plan.spec,
-            }))?;
-            claims
-                .create(&PostParams::default(), &claim)
-                .await
-                .map_err(err(format!("creating claim {}", plan.claim)))?;
+            create_claim(None).await?;
         }
         let pod = pods
             .create(&PostParams::default(), &pod)
@@ -935,17 +948,7 @@ async fn drive(
         let outcome = match stage.real {
             None => {
                 if plan.template.is_some() {
-                    let claim: ResourceClaim = from_json(json!({
-                        "metadata": {
-                            "name": plan.claim, "namespace": namespace, "labels": labels(),
-                            "ownerReferences": [{ "apiVersion": "v1", "kind": "Pod", "name": plan.pod, "uid": pod_uid, "controller": true }],
-                        },
-                        "spec": plan.spec,
-                    }))?;
-                    claims
-                        .create(&PostParams::default(), &claim)
-                        .await
-                        .map_err(err(format!("creating claim {}", plan.claim)))?;
+                    create_claim(Some(&pod_uid)).await?;
                 }
                 allocate_claim(
                     &client,
