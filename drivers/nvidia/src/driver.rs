@@ -652,15 +652,13 @@ impl Reservations {
 
     /// Reserves the consumable shares of a claim, or none: a device shared already must have
     /// been prepared with the same config, and a device held exclusively is refused, as is a
-    /// partition of a GPU held whole and the other way round. `kinds` are the shared
-    /// devices' identities, in the order of `shares`.
+    /// partition of a GPU held whole and the other way round.
     fn reserve_shares(
         &mut self,
         claim: &ClaimRef,
-        shares: &[SharedAllocation],
-        kinds: &[PreparedKind],
+        shares: &[(SharedAllocation, PreparedKind)],
     ) -> Result<(), DriverError> {
-        for (share, kind) in shares.iter().zip(kinds) {
+        for (share, kind) in shares {
             if let Some(conflict) = self.whole_or_split(claim, kind) {
                 return Err(DriverError::Device {
                     device: share.device.clone(),
@@ -701,7 +699,7 @@ impl Reservations {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
         };
-        for share in shares {
+        for (share, _) in shares {
             self.shared
                 .entry(share.device.clone())
                 .or_insert_with(|| SharedHolders {
@@ -916,11 +914,6 @@ fn prepare_blocking(
     planned: Vec<Planned>,
 ) -> Result<Prepared, DriverError> {
     let shares = shared_allocations(planned.as_slice())?;
-    let share_kinds: Vec<PreparedKind> = planned
-        .iter()
-        .filter(|p| p.share_id.is_some())
-        .map(|p| p.target.provisional_kind())
-        .collect();
     let reserved: Vec<(String, bool, PreparedKind)> = planned
         .iter()
         .filter(|p| p.share_id.is_none())
@@ -935,7 +928,7 @@ fn prepare_blocking(
     let earlier = {
         let mut reservations = inner.reservations();
         reservations.reserve(claim, &reserved)?;
-        if let Err(error) = reservations.reserve_shares(claim, &shares, &share_kinds) {
+        if let Err(error) = reservations.reserve_shares(claim, &shares) {
             reservations.release(&claim.uid);
             if let Some(earlier) = reservations.states.get(&claim.uid).cloned() {
                 reservations.restore(&claim.uid, &claim.namespace, &claim.name, &earlier);
@@ -970,7 +963,7 @@ fn prepare_blocking(
     )
     .and_then(|mut prepared| {
         prepared.state.sharing = claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
-        prepared.state.shares = shares.clone();
+        prepared.state.shares = shares.into_iter().map(|(share, _)| share).collect();
         Ok(prepared)
     });
     match result {
@@ -1011,17 +1004,21 @@ fn prepare_blocking(
     }
 }
 
-/// The consumable shares of a claim, with their normalised configs.
-fn shared_allocations(planned: &[Planned]) -> Result<Vec<SharedAllocation>, DriverError> {
+/// The consumable shares of a claim, with their normalised configs and the devices'
+/// identities.
+fn shared_allocations(
+    planned: &[Planned],
+) -> Result<Vec<(SharedAllocation, PreparedKind)>, DriverError> {
     planned
         .iter()
         .filter_map(|plan| Some((plan, plan.share_id.as_ref()?)))
         .map(|(plan, share_id)| {
-            Ok(SharedAllocation {
+            let share = SharedAllocation {
                 device: plan.device.clone(),
                 share_id: share_id.clone(),
                 config: serde_json::to_value(&plan.config).map_err(DriverError::other)?,
-            })
+            };
+            Ok((share, plan.target.provisional_kind()))
         })
         .collect()
 }
