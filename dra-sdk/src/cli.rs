@@ -77,6 +77,25 @@ pub struct PluginArgs {
     #[arg(long, env = "KUBE_API_BURST", default_value_t = 10)]
     pub kube_api_burst: u32,
 
+    /// Claim reads of NodePrepareResources per second, on average: the kubelet waits on them,
+    /// so they have a budget of their own, by default the kubelet's own client limit. 0 or
+    /// less: no limit.
+    #[arg(
+        long,
+        env = "KUBE_API_PREPARE_QPS",
+        default_value_t = crate::rate_limit::DEFAULT_PREPARE_LIMIT.0,
+        allow_negative_numbers = true
+    )]
+    pub kube_api_prepare_qps: f64,
+
+    /// Claim reads that may go at once before --kube-api-prepare-qps holds them back.
+    #[arg(
+        long,
+        env = "KUBE_API_PREPARE_BURST",
+        default_value_t = crate::rate_limit::DEFAULT_PREPARE_LIMIT.1
+    )]
+    pub kube_api_prepare_burst: u32,
+
     /// Worker threads of the plugin's async runtime ([`PluginArgs::runtime`]). Default: the
     /// CPUs available to the process, at most 4. A plugin waits on the kubelet, the API server
     /// and the disk; on a node with 128 CPUs, one worker per CPU only adds idle threads and
@@ -170,13 +189,16 @@ impl PluginArgs {
             .build()
     }
 
-    /// The client-side rate limit of `--kube-api-qps` and `--kube-api-burst`.
+    /// The client-side rate limits: `--kube-api-qps` and `--kube-api-burst` for background
+    /// requests, `--kube-api-prepare-qps` and `--kube-api-prepare-burst` for the claim reads
+    /// of prepares (see [`rate_limit`](crate::rate_limit)).
     pub fn rate_limit(&self) -> Result<RateLimitLayer, crate::rate_limit::RateLimitError> {
-        RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst)
+        RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst)?
+            .prepare(self.kube_api_prepare_qps, self.kube_api_prepare_burst)
     }
 
     /// A Kubernetes client from `--kubeconfig`, or the in-cluster configuration, its requests
-    /// limited by `--kube-api-qps` and `--kube-api-burst`.
+    /// limited by [`rate_limit`](Self::rate_limit). Call it inside the Tokio runtime.
     pub async fn kube_client(&self) -> Result<kube::Client, ClientError> {
         let limit = self.rate_limit()?;
         let config = match &self.kubeconfig {
@@ -279,6 +301,26 @@ mod tests {
         );
         let error = parse(&["--kube-api-burst", "0"]).rate_limit().unwrap_err();
         assert!(error.to_string().starts_with("--kube-api-burst"), "{error}");
+        // Prepares have the kubelet's own budget unless told otherwise.
+        let defaults = parse(&[]).rate_limit().unwrap();
+        assert_eq!(defaults.prepare_limit(), Some((50.0, 100)));
+        let args = parse(&[
+            "--kube-api-prepare-qps",
+            "200",
+            "--kube-api-prepare-burst",
+            "400",
+        ]);
+        assert_eq!(
+            args.rate_limit().unwrap().prepare_limit(),
+            Some((200.0, 400))
+        );
+        let error = parse(&["--kube-api-prepare-burst", "0"])
+            .rate_limit()
+            .unwrap_err();
+        assert!(
+            error.to_string().starts_with("--kube-api-prepare-burst"),
+            "{error}"
+        );
     }
 
     /// The limit is the client's: requests beyond the burst wait for the API server.

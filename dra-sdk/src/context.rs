@@ -588,6 +588,39 @@ impl DriverContext {
 
     /// What the publisher should start with: the driver's resources with state taints, if any
     /// were given or published.
+    /// Why the plugin cannot prepare `device` of `pool`: the plugin publishes resources, and
+    /// not that pool, or not that device in it. `None` when it publishes the device, or when
+    /// it publishes nothing itself (another component publishes the driver's devices).
+    ///
+    /// An allocation from a pool the plugin does not publish comes from slices of an earlier
+    /// inventory (a plugin restarted with other devices, before its stale slices were
+    /// replaced): preparing it as one of the new devices would hand that device out twice.
+    pub(crate) fn unpublished(&self, pool: &str, device: &str) -> Option<String> {
+        let slices = self.slices();
+        let resources = slices.base.as_ref()?;
+        let Some(published) = resources.pools.get(pool) else {
+            let pools: Vec<&str> = resources.pools.keys().map(String::as_str).collect();
+            return Some(format!(
+                "device {device} was allocated from pool {pool:?}, which this plugin does not \
+                 publish (it publishes {}): the allocation comes from stale ResourceSlices; \
+                 delete the claim's pods so that it is allocated again",
+                if pools.is_empty() {
+                    "no pool".to_owned()
+                } else {
+                    format!("pool {}", pools.join(", "))
+                }
+            ));
+        };
+        if published.devices.iter().any(|d| d.name == device) {
+            return None;
+        }
+        Some(format!(
+            "device {device} was allocated from pool {pool:?}, which has no such device now: \
+             the allocation comes from stale ResourceSlices; delete the claim's pods so that it \
+             is allocated again"
+        ))
+    }
+
     pub(crate) fn initial_resources(&self) -> Option<DriverResources> {
         self.slices().merged()
     }

@@ -1,17 +1,29 @@
-//! Client-side rate limiting of API requests: `--kube-api-qps` and `--kube-api-burst`.
+//! Client-side rate limiting of API requests, with a budget for the kubelet's critical path.
 //!
 //! kube-rs has no client-side limiter (client-go's `rest.Config.QPS`/`Burst` have no
-//! counterpart), so the SDK brings a small one: a token bucket holding up to `burst` requests,
-//! refilled at `qps` per second, as a tower layer under [`kube::Client`]. A request waits for
-//! a token before it is sent; a plugin that publishes many slices at once, or a fleet of plugins
-//! restarting together, then cannot flood the API server. The wait happens in `poll_ready`,
-//! which the client's buffer drives one request at a time, so requests leave in order.
+//! counterpart), so the SDK brings a small one as a tower layer under [`kube::Client`]: token
+//! buckets holding up to `burst` requests, refilled at `qps` per second. A plugin that
+//! publishes many slices at once, or a fleet of plugins restarting together, then cannot flood
+//! the API server.
+//!
+//! Requests spend one of two [`ApiBudget`]s. The claim reads of `NodePrepareResources` are on
+//! the kubelet's critical path: a node starting 16 GPU pods must not wait seconds for a limit
+//! meant for background work, so they spend [`ApiBudget::Prepare`], by default what the kubelet
+//! allows its own client (50 per second, bursts of 100). Everything else (publishing
+//! ResourceSlices, status writes, watches, discovery) spends [`ApiBudget::Background`], the
+//! `--kube-api-qps`/`--kube-api-burst` limit (upstream's default: 5 per second, bursts of 10).
+//! The SDK marks its own prepare-path requests; any other request counts as background. A
+//! driver marks a request of its own by inserting the budget into the request's extensions.
+//!
+//! Each request reserves its slot when it is sent to the layer, so requests of one budget
+//! leave in the order they were made, and a background request waiting for its slot never
+//! holds back a prepare.
 //!
 //! ```
-//! # async fn client(config: kube::Config) -> Result<kube::Client, kube::Error> {
+//! # async fn client(config: kube::Config) -> Result<kube::Client, Box<dyn std::error::Error>> {
 //! use dra_sdk::rate_limit::RateLimitLayer;
 //!
-//! let layer = RateLimitLayer::new(5.0, 10).expect("a valid limit");
+//! let layer = RateLimitLayer::new(5.0, 10)?.prepare(50.0, 100)?;
 //! let client = kube::client::ClientBuilder::try_from(config)?
 //!     .with_layer(&layer)
 //!     .build();
@@ -21,11 +33,45 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::time::{Instant, Sleep};
-use tower::{Layer, Service};
+use http::{Request, Response};
+use kube::client::Body;
+use tokio::time::Instant;
+use tower::buffer::Buffer;
+use tower::{BoxError, Layer, Service, ServiceExt as _};
+
+/// The requests per second and burst the kubelet allows its own API client by default
+/// (`kubeAPIQPS`, `kubeAPIBurst`): the default budget of [`ApiBudget::Prepare`].
+pub const DEFAULT_PREPARE_LIMIT: (f64, u32) = (50.0, 100);
+
+/// How many requests the layer's queue holds before callers wait for room (as kube's own).
+const QUEUE: usize = 1024;
+
+/// Which limit an API request counts against; see the [module](self).
+///
+/// Insert it into a request's extensions to choose; a request without one is
+/// [`Background`](Self::Background).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ApiBudget {
+    /// On the kubelet's critical path: the claim reads of `NodePrepareResources`.
+    Prepare,
+    /// Everything else: publishing, status writes, watches, discovery.
+    Background,
+}
+
+impl ApiBudget {
+    fn index(self) -> usize {
+        match self {
+            Self::Prepare => 0,
+            Self::Background => 1,
+        }
+    }
+}
 
 /// A rate limit that cannot be used.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -37,20 +83,46 @@ pub enum RateLimitError {
     /// `burst` is 0 while `qps` limits: no request could ever be sent.
     #[error("--kube-api-burst: must be at least 1 when --kube-api-qps is above 0")]
     Burst,
+    /// The prepare budget's `qps` is not a finite number.
+    #[error("--kube-api-prepare-qps: {0} is not a number of requests per second")]
+    PrepareQps(f64),
+    /// The prepare budget's `burst` is 0 while its `qps` limits.
+    #[error("--kube-api-prepare-burst: must be at least 1 when --kube-api-prepare-qps is above 0")]
+    PrepareBurst,
 }
 
-/// The token bucket: its arithmetic, apart from the service so that it can be tested with
+/// `(qps, burst)` checked; `None` when `qps` is 0 or less (no limit).
+fn checked(
+    qps: f64,
+    burst: u32,
+    bad_qps: fn(f64) -> RateLimitError,
+    bad_burst: RateLimitError,
+) -> Result<Option<(f64, u32)>, RateLimitError> {
+    if !qps.is_finite() {
+        return Err(bad_qps(qps));
+    }
+    if qps <= 0.0 {
+        return Ok(None);
+    }
+    if burst == 0 {
+        return Err(bad_burst);
+    }
+    Ok(Some((qps, burst)))
+}
+
+/// A token bucket: its arithmetic, apart from the service so that it can be tested with
 /// chosen instants.
 #[derive(Clone, Debug)]
 struct Bucket {
     qps: f64,
     burst: f64,
+    /// Below zero when requests have reserved tokens that are not there yet.
     tokens: f64,
     refilled: Instant,
 }
 
 impl Bucket {
-    fn new(qps: f64, burst: u32, now: Instant) -> Self {
+    fn new((qps, burst): (f64, u32), now: Instant) -> Self {
         let burst = f64::from(burst);
         Self {
             qps,
@@ -60,108 +132,177 @@ impl Bucket {
         }
     }
 
-    /// Takes a token at `now`, or says how long until one is there.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    /// Reserves the next token at `now`: the instant the request may go (`now` when a token
+    /// is there). Reservations are served in order: a request reserved later goes later.
+    fn reserve(&mut self, now: Instant) -> Instant {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
         self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            now
         } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
+            now + Duration::from_secs_f64(-self.tokens / self.qps)
         }
     }
 }
 
-/// A tower layer limiting requests to `qps` per second with bursts of `burst`; see the
-/// [module](self).
+/// The buckets of one client, shared by the clones of its service.
+#[derive(Debug)]
+struct Buckets {
+    /// Indexed by [`ApiBudget::index`]; `None`: that budget is not limited.
+    buckets: Mutex<[Option<Bucket>; 2]>,
+    /// Requests that had to wait, by budget.
+    held_back: [AtomicU64; 2],
+}
+
+impl Buckets {
+    /// When a request of `budget` may go; `None` when it may go now.
+    fn reserve(&self, budget: ApiBudget, now: Instant) -> Option<Instant> {
+        // The guarded value is plain numbers updated in one step: a panic elsewhere cannot
+        // leave it torn.
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = buckets[budget.index()].as_mut()?.reserve(now);
+        (at > now).then(|| {
+            self.held_back[budget.index()].fetch_add(1, Ordering::Relaxed);
+            at
+        })
+    }
+}
+
+/// A tower layer limiting API requests by [`ApiBudget`]; see the [module](self).
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
-    /// `None`: no limit.
-    limit: Option<(f64, u32)>,
+    /// `(qps, burst)` by [`ApiBudget::index`]; `None`: no limit.
+    limits: [Option<(f64, u32)>; 2],
+    buckets: Arc<Buckets>,
 }
 
 impl RateLimitLayer {
-    /// A limit of `qps` requests per second on average and `burst` at once. A `qps` of 0 or
-    /// less turns the limit off.
+    /// A limit of `qps` background requests per second on average and `burst` at once, and
+    /// the [default prepare budget](DEFAULT_PREPARE_LIMIT). A `qps` of 0 or less turns the
+    /// background limit off.
     pub fn new(qps: f64, burst: u32) -> Result<Self, RateLimitError> {
-        if !qps.is_finite() {
-            return Err(RateLimitError::Qps(qps));
-        }
-        if qps <= 0.0 {
-            return Ok(Self { limit: None });
-        }
-        if burst == 0 {
-            return Err(RateLimitError::Burst);
-        }
-        Ok(Self {
-            limit: Some((qps, burst)),
-        })
+        let background = checked(qps, burst, RateLimitError::Qps, RateLimitError::Burst)?;
+        Ok(Self::with_limits([Some(DEFAULT_PREPARE_LIMIT), background]))
     }
 
-    /// `(qps, burst)`, or `None` when requests are not limited.
+    /// The same layer with the prepare budget set to `qps` per second and `burst` at once; a
+    /// `qps` of 0 or less turns the prepare limit off.
+    pub fn prepare(self, qps: f64, burst: u32) -> Result<Self, RateLimitError> {
+        let prepare = checked(
+            qps,
+            burst,
+            RateLimitError::PrepareQps,
+            RateLimitError::PrepareBurst,
+        )?;
+        Ok(Self::with_limits([prepare, self.limits[1]]))
+    }
+
+    fn with_limits(limits: [Option<(f64, u32)>; 2]) -> Self {
+        let now = Instant::now();
+        Self {
+            limits,
+            buckets: Arc::new(Buckets {
+                buckets: Mutex::new(limits.map(|limit| limit.map(|limit| Bucket::new(limit, now)))),
+                held_back: [AtomicU64::new(0), AtomicU64::new(0)],
+            }),
+        }
+    }
+
+    /// `(qps, burst)` of background requests, or `None` when they are not limited.
     pub fn limit(&self) -> Option<(f64, u32)> {
-        self.limit
+        self.limits[ApiBudget::Background.index()]
+    }
+
+    /// `(qps, burst)` of prepare requests, or `None` when they are not limited.
+    pub fn prepare_limit(&self) -> Option<(f64, u32)> {
+        self.limits[ApiBudget::Prepare.index()]
+    }
+
+    /// How many requests of `budget` had to wait for a token so far, over every client built
+    /// with this layer (or a clone of it).
+    pub fn held_back(&self, budget: ApiBudget) -> u64 {
+        self.buckets.held_back[budget.index()].load(Ordering::Relaxed)
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
+impl<S> Layer<S> for RateLimitLayer
+where
+    S: Service<Request<Body>> + Send + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError> + Send + Sync,
+{
+    type Service = RateLimit<S::Future>;
 
-    fn layer(&self, inner: S) -> RateLimit<S> {
+    /// Wraps `inner` in a queue of its own (spawned on the current Tokio runtime, as kube's
+    /// client does with its own), so that a request can wait for its budget after it was
+    /// handed to the layer: its budget is only known then.
+    fn layer(&self, inner: S) -> RateLimit<S::Future> {
         RateLimit {
-            inner,
-            bucket: self
-                .limit
-                .map(|(qps, burst)| Bucket::new(qps, burst, Instant::now())),
-            permit: false,
-            sleep: None,
+            inner: Buffer::new(inner, QUEUE),
+            buckets: Arc::clone(&self.buckets),
         }
     }
 }
 
 /// The service of [`RateLimitLayer`].
-#[derive(Debug)]
-pub struct RateLimit<S> {
-    inner: S,
-    bucket: Option<Bucket>,
-    /// A token was taken for the next `call`.
-    permit: bool,
-    sleep: Option<Pin<Box<Sleep>>>,
+pub struct RateLimit<F> {
+    inner: Buffer<Request<Body>, F>,
+    buckets: Arc<Buckets>,
 }
 
-impl<S, R> Service<R> for RateLimit<S>
-where
-    S: Service<R>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        if let Some(bucket) = &mut self.bucket {
-            while !self.permit {
-                if let Some(sleep) = &mut self.sleep {
-                    ready!(sleep.as_mut().poll(cx));
-                    self.sleep = None;
-                }
-                let now = Instant::now();
-                match bucket.take(now) {
-                    Ok(()) => self.permit = true,
-                    Err(wait) => {
-                        tracing::trace!(?wait, "API request held back by --kube-api-qps");
-                        self.sleep = Some(Box::pin(tokio::time::sleep_until(now + wait)));
-                    }
-                }
-            }
+impl<F: Send + 'static> Clone for RateLimit<F> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            buckets: Arc::clone(&self.buckets),
         }
-        self.inner.poll_ready(cx)
+    }
+}
+
+impl<F> std::fmt::Debug for RateLimit<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("buckets", &self.buckets)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, B, E> Service<Request<Body>> for RateLimit<F>
+where
+    F: Future<Output = Result<Response<B>, E>> + Send + 'static,
+    E: Into<BoxError>,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+    /// Always ready: a request waits for its budget in its future, and for room in the queue
+    /// after that.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: R) -> S::Future {
-        self.permit = false;
-        self.inner.call(request)
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let budget = request
+            .extensions()
+            .get::<ApiBudget>()
+            .copied()
+            .unwrap_or(ApiBudget::Background);
+        let at = self.buckets.reserve(budget, Instant::now());
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            if let Some(at) = at {
+                tracing::trace!(?budget, wait = ?at.saturating_duration_since(Instant::now()), "API request held back by the client-side limit");
+                tokio::time::sleep_until(at).await;
+            }
+            inner.oneshot(request).await
+        })
     }
 }
 
@@ -170,21 +311,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bucket_allows_a_burst_then_qps() {
+    fn the_bucket_allows_a_burst_then_qps_in_order() {
         let start = Instant::now();
-        let mut bucket = Bucket::new(5.0, 10, start);
+        let mut bucket = Bucket::new((5.0, 10), start);
         for _ in 0..10 {
-            assert_eq!(bucket.take(start), Ok(()));
+            assert_eq!(bucket.reserve(start), start);
         }
-        let wait = bucket.take(start).unwrap_err();
-        assert!((wait.as_secs_f64() - 0.2).abs() < 1e-9, "{wait:?}");
-        assert_eq!(bucket.take(start + Duration::from_millis(200)), Ok(()));
+        // The next two wait 200 and 400 ms: reservations queue up.
+        assert_eq!(bucket.reserve(start), start + Duration::from_millis(200));
+        assert_eq!(bucket.reserve(start), start + Duration::from_millis(400));
         // A long pause refills up to the burst, not beyond.
         let later = start + Duration::from_secs(60);
         for _ in 0..10 {
-            assert_eq!(bucket.take(later), Ok(()));
+            assert_eq!(bucket.reserve(later), later);
         }
-        assert!(bucket.take(later).is_err());
+        assert!(bucket.reserve(later) > later);
     }
 
     #[test]
@@ -199,58 +340,96 @@ mod tests {
         );
         assert_eq!(RateLimitLayer::new(0.0, 0).unwrap().limit(), None);
         assert_eq!(RateLimitLayer::new(-1.0, 10).unwrap().limit(), None);
+        let layer = RateLimitLayer::new(5.0, 10).unwrap();
+        assert_eq!(layer.limit(), Some((5.0, 10)));
+        assert_eq!(layer.prepare_limit(), Some(DEFAULT_PREPARE_LIMIT));
         assert_eq!(
-            RateLimitLayer::new(5.0, 10).unwrap().limit(),
-            Some((5.0, 10))
+            layer.clone().prepare(f64::INFINITY, 1).unwrap_err(),
+            RateLimitError::PrepareQps(f64::INFINITY)
         );
+        assert_eq!(
+            layer.clone().prepare(1.0, 0).unwrap_err(),
+            RateLimitError::PrepareBurst
+        );
+        let layer = layer.prepare(0.0, 0).unwrap();
+        assert_eq!(layer.prepare_limit(), None);
+        assert_eq!(layer.limit(), Some((5.0, 10)));
     }
 
-    /// Counts calls; always ready.
-    struct Counter(usize);
+    /// Answers every request at once with an empty 200.
+    #[derive(Clone)]
+    struct Answer;
 
-    impl Service<()> for Counter {
-        type Response = usize;
+    impl Service<Request<Body>> for Answer {
+        type Response = Response<()>;
         type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<usize, Self::Error>>;
+        type Future = std::future::Ready<Result<Response<()>, Self::Error>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
         }
 
-        fn call(&mut self, (): ()) -> Self::Future {
-            self.0 += 1;
-            std::future::ready(Ok(self.0))
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            std::future::ready(Ok(Response::new(())))
         }
     }
 
-    #[tokio::test]
-    async fn the_service_holds_requests_beyond_the_burst_back() {
-        use tower::ServiceExt as _;
-        // 50 per second, 3 at once: the first three go at once, the next two 20 ms apart.
-        let mut service = RateLimitLayer::new(50.0, 3).unwrap().layer(Counter(0));
-        let start = std::time::Instant::now();
-        for _ in 0..3 {
-            service.ready().await.unwrap().call(()).await.unwrap();
+    fn request(budget: Option<ApiBudget>) -> Request<Body> {
+        let mut request = Request::new(Body::empty());
+        if let Some(budget) = budget {
+            request.extensions_mut().insert(budget);
         }
-        assert!(
-            start.elapsed() < Duration::from_millis(15),
-            "{:?}",
-            start.elapsed()
-        );
-        for _ in 0..2 {
-            service.ready().await.unwrap().call(()).await.unwrap();
-        }
-        assert!(
-            start.elapsed() >= Duration::from_millis(35),
-            "{:?}",
-            start.elapsed()
-        );
-        // No limit: nothing waits.
-        let mut free = RateLimitLayer::new(0.0, 0).unwrap().layer(Counter(0));
-        let start = std::time::Instant::now();
+        request
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn prepare_requests_do_not_wait_behind_background_ones() {
+        let layer = RateLimitLayer::new(5.0, 10).unwrap();
+        let service = layer.layer(Answer);
+        let start = Instant::now();
+        // 20 background requests at once: 10 go, 10 wait up to 2 s.
+        let background: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(service.clone().oneshot(request(None))))
+            .collect();
+        // Meanwhile 100 prepares go at once, on their own budget.
         for _ in 0..100 {
-            free.ready().await.unwrap().call(()).await.unwrap();
+            service
+                .clone()
+                .oneshot(request(Some(ApiBudget::Prepare)))
+                .await
+                .unwrap();
         }
-        assert!(start.elapsed() < Duration::from_millis(15));
+        assert_eq!(Instant::now(), start, "a prepare waited");
+        assert_eq!(layer.held_back(ApiBudget::Prepare), 0);
+        // The prepare budget has a limit of its own: past its burst, the next waits 20 ms.
+        service
+            .clone()
+            .oneshot(request(Some(ApiBudget::Prepare)))
+            .await
+            .unwrap();
+        assert_eq!(Instant::now() - start, Duration::from_millis(20));
+        assert_eq!(layer.held_back(ApiBudget::Prepare), 1);
+        for task in background {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(Instant::now() - start, Duration::from_secs(2));
+        assert_eq!(layer.held_back(ApiBudget::Background), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_limits_nothing_waits() {
+        let layer = RateLimitLayer::new(0.0, 0)
+            .unwrap()
+            .prepare(0.0, 0)
+            .unwrap();
+        let service = layer.layer(Answer);
+        let start = Instant::now();
+        for budget in [None, Some(ApiBudget::Prepare)] {
+            for _ in 0..500 {
+                service.clone().oneshot(request(budget)).await.unwrap();
+            }
+        }
+        assert_eq!(Instant::now(), start);
+        assert_eq!(layer.held_back(ApiBudget::Background), 0);
     }
 }

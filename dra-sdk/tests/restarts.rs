@@ -1,18 +1,24 @@
 //! Restarts over a checkpoint that was corrupt, missing or from another boot: the CDI specs of
 //! claims the kubelet still considers prepared are kept (no sweep on a checkpoint not read
 //! intact), the claim's next unprepare removes its spec, and a stray spec next to an intact
-//! checkpoint is still swept.
+//! checkpoint is still swept. And a restart with another device inventory: stale pools are
+//! replaced before registration, and a claim allocated from them is refused.
 
 use std::path::Path;
 
 use dra_sdk::driver::ClaimRef;
+use dra_sdk::slices::{Device, DriverResources, Pool};
+use dra_sdk::testing::allocator::allocate_claim;
 use dra_sdk::testing::claims::AllocatedClaim;
 use dra_sdk::testing::cluster::{NODE_NAME, TestCluster, claim_ref};
 use dra_sdk::testing::kubelet::KubeletVersion;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
 
 mod driver_common;
 
-use driver_common::{DRIVER, GpuDriver};
+use driver_common::{DRIVER, GpuDriver, gpus};
 
 #[derive(Clone, Copy, Debug)]
 enum Damage {
@@ -140,5 +146,117 @@ async fn an_intact_checkpoint_keeps_its_claims_specs_and_sweeps_strays() {
         .await
         .unwrap();
     assert!(!has_spec(&cdi_root, &claim.uid));
+    plugin.shutdown().await.unwrap();
+}
+
+/// A claim the scheduler allocates from `class` on the test node, as it would from the slices
+/// the API server holds now.
+async fn scheduled_claim(cluster: &TestCluster, name: &str) -> ResourceClaim {
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), "default");
+    let claim: ResourceClaim = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": { "devices": { "requests": [
+            { "name": "gpu", "exactly": { "deviceClassName": "gpu" } },
+        ] } },
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    allocate_claim(&cluster.client(), "default", name, NODE_NAME, None)
+        .await
+        .unwrap()
+}
+
+fn allocated(claim: &ResourceClaim) -> (String, String) {
+    let result = &claim
+        .status
+        .as_ref()
+        .unwrap()
+        .allocation
+        .as_ref()
+        .unwrap()
+        .devices
+        .as_ref()
+        .unwrap()
+        .results
+        .as_ref()
+        .unwrap()[0];
+    (result.pool.clone(), result.device.clone())
+}
+
+/// The plugin restarted with another inventory (one pool per GPU before, one pool for the node
+/// after, as the NVIDIA plugin does when DynamicMIG is switched off). A claim the scheduler
+/// allocated from the old slices must not be prepared as the new `gpu-0`: the scheduler gives
+/// that one to another claim, and the GPU would be handed out twice.
+#[tokio::test]
+async fn a_claim_from_a_stale_pool_is_refused_and_no_device_goes_twice() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.create_device_class("gpu", DRIVER).await.unwrap();
+    let pool_per_gpu = (0..2).fold(DriverResources::new(), |resources, i| {
+        resources.with_pool(
+            format!("{NODE_NAME}/gpu-{i}"),
+            Pool::new(vec![Device::new(format!("gpu-{i}"))]),
+        )
+    });
+    let plugin = cluster
+        .plugin(GpuDriver::default(), DRIVER)
+        .resources(pool_per_gpu)
+        .start()
+        .await
+        .unwrap();
+    plugin.publisher().unwrap().synced().await;
+    plugin.shutdown().await.unwrap();
+
+    // While no plugin runs, the scheduler still sees the old slices.
+    let stale = scheduled_claim(&cluster, "stale").await;
+    let stale_pool = format!("{NODE_NAME}/gpu-0");
+    assert_eq!(allocated(&stale), (stale_pool.clone(), "gpu-0".to_owned()));
+
+    let plugin = cluster
+        .plugin(GpuDriver::default(), DRIVER)
+        .resources(gpus(2))
+        .start()
+        .await
+        .unwrap();
+    // By the time the kubelet can see the plugin, the old pools are gone.
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let pools: Vec<String> = slices
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|slice| slice.spec.pool.name)
+        .collect();
+    assert_eq!(
+        pools,
+        [NODE_NAME],
+        "stale pools still published at registration"
+    );
+
+    let kubelet = cluster
+        .register(&plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    let stale = claim_ref(&stale).unwrap();
+    let refused = kubelet.prepare(std::slice::from_ref(&stale)).await.unwrap()[&stale.uid]
+        .clone()
+        .unwrap_err();
+    assert!(
+        refused.contains(&format!(
+            "pool {stale_pool:?}, which this plugin does not publish"
+        )),
+        "{refused}"
+    );
+    // The new gpu-0 goes to the claim the scheduler allocates from the new slices, once.
+    let fresh = scheduled_claim(&cluster, "fresh").await;
+    assert_eq!(
+        allocated(&fresh),
+        (NODE_NAME.to_owned(), "gpu-0".to_owned())
+    );
+    let fresh = claim_ref(&fresh).unwrap();
+    let prepared = kubelet.prepare(std::slice::from_ref(&fresh)).await.unwrap();
+    assert!(prepared[&fresh.uid].is_ok(), "{prepared:?}");
+    // A retry of the refused claim is refused again, not served from the checkpoint.
+    let again = kubelet.prepare(std::slice::from_ref(&stale)).await.unwrap();
+    assert!(again[&stale.uid].is_err(), "{again:?}");
     plugin.shutdown().await.unwrap();
 }

@@ -9,11 +9,12 @@
 use std::sync::Mutex;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, GetParams};
 use kube::core::Status;
-use kube::{Api, Client};
+use kube::{Client, Resource as _};
 use serde_json::{Map, Value};
 
+use crate::rate_limit::ApiBudget;
 use crate::slices::ResourceApiVersion;
 
 /// Why the served version could not be found.
@@ -78,7 +79,8 @@ pub(crate) enum Fetched {
     VersionNotServed,
 }
 
-/// GETs one claim through `version` and converts it to v1.
+/// GETs one claim through `version` and converts it to v1. The request spends the
+/// [prepare budget](ApiBudget::Prepare) of the client's rate limit: the kubelet waits on it.
 pub(crate) async fn fetch(
     client: &Client,
     version: ResourceApiVersion,
@@ -87,14 +89,16 @@ pub(crate) async fn fetch(
 ) -> Result<Fetched, kube::Error> {
     let result = match version {
         // The hot path on 1.34+: no conversion, no intermediate JSON tree.
-        ResourceApiVersion::V1 => Api::<ResourceClaim>::namespaced(client.clone(), namespace)
-            .get(name)
-            .await
-            .map(Box::new),
+        ResourceApiVersion::V1 => {
+            let url = ResourceClaim::url_path(&(), Some(namespace));
+            get_for_prepare::<ResourceClaim>(client, &url, name)
+                .await
+                .map(Box::new)
+        }
         older => {
             let resource = older.resource("ResourceClaim", "resourceclaims");
-            let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
-            match api.get(name).await {
+            let url = DynamicObject::url_path(&resource, Some(namespace));
+            match get_for_prepare::<DynamicObject>(client, &url, name).await {
                 Ok(object) => {
                     let value = serde_json::to_value(object).map_err(kube::Error::SerdeError)?;
                     to_v1(older, value)
@@ -116,6 +120,18 @@ pub(crate) async fn fetch(
         }
         Err(error) => Err(error),
     }
+}
+
+/// `Api::get`, with the request marked for the prepare budget (which `Api` cannot do).
+async fn get_for_prepare<K>(client: &Client, url: &str, name: &str) -> Result<K, kube::Error>
+where
+    K: serde::de::DeserializeOwned + Clone + std::fmt::Debug,
+{
+    let mut request = kube::core::Request::new(url)
+        .get(name, &GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert(ApiBudget::Prepare);
+    client.request::<K>(request).await
 }
 
 /// A 404 for a missing object carries the object's name in its details; a 404 for a path the

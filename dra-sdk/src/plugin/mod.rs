@@ -7,10 +7,14 @@
 //! 1. open the checkpoint, roll back prepares interrupted by a crash, remove orphaned CDI specs;
 //!    then hand the driver its [`DriverContext`] ([`Driver::start`]) and the prepared claims
 //!    ([`Driver::reconcile`]);
-//! 2. serve the DRA service (v1, v1beta1, and the health stream) on
+//! 2. serve `/metrics` and `/healthz`; start publishing the driver's ResourceSlices, which
+//!    replaces the slices an earlier run left on the node;
+//! 3. serve the DRA service (v1, v1beta1, and the health stream) on
 //!    `<plugins dir>/<driver>/dra.sock`;
-//! 3. only then create the registration socket in the kubelet's registry directory;
-//! 4. publish the driver's ResourceSlices, serve `/metrics` and `/healthz`.
+//! 4. once the slices are published (or after 10 s at most), create the registration socket
+//!    in the kubelet's registry directory. Until the slices of an earlier inventory are gone,
+//!    the scheduler may still allocate their devices; prepare refuses a device from a pool
+//!    or of a name the plugin does not publish, so no device is handed out twice.
 //!
 //! [`KubeletPlugin::shutdown`] (or [`KubeletPlugin::run_until_signal`] on SIGTERM/SIGINT)
 //! removes the registration socket first, so the kubelet deregisters the plugin before its
@@ -413,8 +417,8 @@ impl<D: Driver> PluginBuilder<D> {
     }
 
     /// The steps of [`start`](Self::start), in order: directories, checkpoint, node service,
-    /// recovery and the driver's start, the DRA server, registration, the publisher, the HTTP
-    /// and gRPC health endpoints.
+    /// recovery and the driver's start, the HTTP and gRPC health endpoints, the publisher,
+    /// the DRA server, the publisher's first sync, registration.
     async fn start_steps(self) -> Result<KubeletPlugin, PluginError> {
         // Settings first: a start that fails later has already bound sockets.
         metrics::check_metrics_path(&self.metrics_path).map_err(PluginError::InvalidSetting)?;
@@ -523,6 +527,28 @@ impl<D: Driver> PluginBuilder<D> {
             }
             None => None,
         };
+        // The publisher before the kubelet can call: at start it replaces the slices an
+        // earlier run of the driver left on this node (another inventory: a GPU lost or
+        // replaced, partitioning switched), and until those are gone the scheduler may still
+        // allocate their devices. Registration waits for that, within a bound.
+        let publisher = context.initial_resources().map(|resources| {
+            let publisher = ResourceSlicePublisher::for_node(
+                self.client.clone(),
+                &driver_name,
+                &self.node_name,
+            );
+            tasks.spawn(forward_events(
+                publish_events(publisher.subscribe()),
+                Arc::clone(&driver),
+                services_shutdown.clone(),
+            ));
+            let handle = publisher.spawn(resources);
+            if let Ok(mut registry) = registry.lock() {
+                handle.register_metrics(&mut registry);
+            }
+            handle
+        });
+        context.attach_publisher(publisher.as_ref().map(PublisherHandle::updater));
         // DRA service before registration: the kubelet may call it as soon as it registers.
         spawn_dra_server(
             &node,
@@ -533,6 +559,9 @@ impl<D: Driver> PluginBuilder<D> {
             &mut tasks,
         )
         .await?;
+        if let Some(publisher) = &publisher {
+            wait_for_first_sync(publisher).await;
+        }
         let (registration_task, registration) = match spawn_registration(
             &driver_name,
             &paths,
@@ -559,26 +588,6 @@ impl<D: Driver> PluginBuilder<D> {
             "plugin sockets ready"
         );
 
-        // Nothing below fails.
-        let publisher = context.initial_resources().map(|resources| {
-            let publisher = ResourceSlicePublisher::for_node(
-                self.client.clone(),
-                &driver_name,
-                &self.node_name,
-            );
-            tasks.spawn(forward_events(
-                publish_events(publisher.subscribe()),
-                Arc::clone(&driver),
-                services_shutdown.clone(),
-            ));
-            let handle = publisher.spawn(resources);
-            if let Ok(mut registry) = registry.lock() {
-                handle.register_metrics(&mut registry);
-            }
-            handle
-        });
-        context.attach_publisher(publisher.as_ref().map(PublisherHandle::updater));
-
         cancel_on_error.disarm();
         Ok(KubeletPlugin {
             paths,
@@ -592,6 +601,24 @@ impl<D: Driver> PluginBuilder<D> {
             tasks,
             context,
         })
+    }
+}
+
+/// How long registration waits for the publisher's first sync at start.
+const FIRST_SYNC_WAIT: Duration = Duration::from_secs(10);
+
+/// Waits, at most [`FIRST_SYNC_WAIT`], until the publisher has written the node's slices (and
+/// deleted stale ones). An API server that does not answer in time must not keep the plugin
+/// from the kubelet: claims already prepared still need unpreparing.
+async fn wait_for_first_sync(publisher: &PublisherHandle) {
+    if tokio::time::timeout(FIRST_SYNC_WAIT, publisher.synced())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            waited = ?FIRST_SYNC_WAIT,
+            "the ResourceSlices are not published yet; registering with the kubelet anyway"
+        );
     }
 }
 

@@ -246,8 +246,19 @@ impl<D: Driver> NodeService<D> {
             .read(&claim)
             .await
             .map_err(|error| (error.kind(), error.to_string()))?;
-        claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
-            .map_err(|error| (error.kind(), error.to_string()))
+        let claim = claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
+            .map_err(|error| (error.kind(), error.to_string()))?;
+        // Checked before the driver sees the claim, and only for claims that are not prepared
+        // yet: a prepared claim keeps what it was prepared with (the checkpoint answers it).
+        let context = self.reports.context();
+        if let Some(message) = claim
+            .devices
+            .iter()
+            .find_map(|device| context.unpublished(&device.pool, &device.device))
+        {
+            return Err(("stale_allocation", message));
+        }
+        Ok(claim)
     }
 
     /// Removes the intent records of claims that failed before the driver saw them. Best

@@ -33,6 +33,11 @@ pub(crate) struct ClaimReports {
 }
 
 impl ClaimReports {
+    /// The driver's context.
+    pub(crate) fn context(&self) -> &DriverContext {
+        &self.context
+    }
+
     /// The publishers `driver` opted in to. The status writer is the context's, so that
     /// writes at prepare and through [`DriverContext::device_status`] share one record of
     /// what was sent.

@@ -15,3 +15,4 @@ pub mod cluster;
 pub mod conformance;
 pub mod e2e;
 pub mod kubelet;
+pub mod recordings;
