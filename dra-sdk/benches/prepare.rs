@@ -2,16 +2,24 @@
 //! server over loopback HTTP: the claim GET, the CDI spec write and the checkpoint writes are
 //! all included.
 //!
+//! Then, with the API client a shipped plugin builds from its command line's defaults
+//! (`PluginArgs::kube_client`, client-side rate limits included): 80 one-claim prepares one
+//! after another and 64 at once, as a node starting many pods sends them; and the same with
+//! the single 5/s limit every request shared before prepares had a budget of their own.
+//!
 //! Run: `cargo bench -p dra-sdk --features testing --bench prepare`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use criterion::{Criterion, criterion_group, criterion_main};
+use dra_sdk::cli::PluginArgs;
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk::rate_limit::RateLimitLayer;
 use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use tokio::runtime::Runtime;
 
@@ -28,11 +36,67 @@ struct Bench {
     next: usize,
 }
 
+/// A plugin's command line: the SDK's flags, at their defaults unless given.
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    plugin: PluginArgs,
+}
+
+/// Which API client the plugin gets.
+enum ClientKind {
+    /// The test cluster's client: no client-side limit.
+    Unlimited,
+    /// What `PluginArgs::kube_client` builds from the defaults, as the shipped plugins do.
+    ShippedDefaults,
+    /// Before prepares had a budget of their own: every request under one limit of 5 per
+    /// second, bursts of 10.
+    OneSharedLimit,
+}
+
 impl Bench {
     async fn start() -> Self {
+        Self::start_with(ClientKind::Unlimited).await
+    }
+
+    async fn start_with(kind: ClientKind) -> Self {
         let cluster = TestCluster::start().await.expect("cluster");
-        let plugin = cluster
-            .plugin(EnvDriver::default(), DRIVER)
+        let kubeconfig = cluster.path().join("bench.kubeconfig");
+        cluster
+            .api()
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
+        let cli = Cli::parse_from([
+            "bench",
+            "--node-name",
+            NODE_NAME,
+            "--kubeconfig",
+            kubeconfig.to_str().expect("UTF-8 path"),
+        ]);
+        let client = match kind {
+            ClientKind::Unlimited => cluster.client(),
+            ClientKind::ShippedDefaults => cli.plugin.kube_client().await.expect("client"),
+            ClientKind::OneSharedLimit => {
+                let layer = RateLimitLayer::new(5.0, 10)
+                    .and_then(|layer| layer.prepare(5.0, 10))
+                    .expect("limit");
+                let config = kube::Config::from_custom_kubeconfig(
+                    kube::config::Kubeconfig::read_from(&kubeconfig).expect("kubeconfig"),
+                    &Default::default(),
+                )
+                .await
+                .expect("config");
+                kube::client::ClientBuilder::try_from(config)
+                    .expect("client")
+                    .with_layer(&layer)
+                    .build()
+            }
+        };
+        let plugin = KubeletPlugin::builder(EnvDriver::default(), DRIVER, NODE_NAME, client)
+            .registrar_dir(cluster.registrar_dir())
+            .plugins_dir(cluster.plugins_dir())
+            .cdi_root(cluster.cdi_root())
+            .boot_id(BOOT_ID)
             .start()
             .await
             .expect("plugin");
@@ -77,6 +141,53 @@ impl Bench {
         self.kubelet.unprepare(&claims).await.expect("unprepare");
         elapsed
     }
+}
+
+/// 80 one-claim prepares one after another, then 64 at once (each its own call on the one
+/// connection, as the kubelet sends them for pods starting together): per-call p50 and p90,
+/// and the wall time of the 64.
+async fn shipped_client(kind: ClientKind, label: &str) {
+    let mut bench = Bench::start_with(kind).await;
+    let claims = bench.claims(80).await;
+    let mut sequential = Vec::with_capacity(claims.len());
+    for claim in &claims {
+        let started = Instant::now();
+        let result = bench
+            .kubelet
+            .prepare(std::slice::from_ref(claim))
+            .await
+            .expect("prepare");
+        sequential.push(started.elapsed());
+        assert!(result.values().all(Result::is_ok), "{result:?}");
+    }
+    let claims = bench.claims(64).await;
+    let started = Instant::now();
+    let concurrent = futures::future::join_all(claims.iter().map(|claim| {
+        let kubelet = bench.kubelet.clone();
+        async move {
+            let started = Instant::now();
+            let result = kubelet
+                .prepare(std::slice::from_ref(claim))
+                .await
+                .expect("prepare");
+            assert!(result.values().all(Result::is_ok), "{result:?}");
+            started.elapsed()
+        }
+    }))
+    .await;
+    let wall = started.elapsed();
+    let (p50, p90) = p50_p90(sequential);
+    println!("{label}: 80 sequential one-claim prepares: p50 {p50:?}, p90 {p90:?}");
+    let (p50, p90) = p50_p90(concurrent);
+    println!(
+        "{label}: 64 concurrent one-claim prepares: p50 {p50:?}, p90 {p90:?}, all done in {wall:?}"
+    );
+}
+
+fn p50_p90(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
+    (at(0.5), at(0.9))
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
@@ -128,6 +239,15 @@ fn prepare(c: &mut Criterion) {
         let (p50, p99) = percentiles(samples);
         println!("prepare batch of {size}: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)");
     }
+
+    runtime.block_on(shipped_client(
+        ClientKind::ShippedDefaults,
+        "shipped defaults (prepare budget 50/s, burst 100)",
+    ));
+    runtime.block_on(shipped_client(
+        ClientKind::OneSharedLimit,
+        "one shared limit (5/s, burst 10: before)",
+    ));
 }
 
 criterion_group!(benches, prepare);

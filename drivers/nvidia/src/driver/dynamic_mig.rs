@@ -348,13 +348,21 @@ pub(super) fn release(
     Ok(())
 }
 
-/// Destroys an instance; the caller holds [`MigInstances`].
+/// Destroys an instance; the caller holds [`MigInstances`]. An instance whose GPU is gone
+/// (lost, removed, or another inventory after a restart) went with it: there is nothing left
+/// to undo, and failing would keep the claim's pod from ever terminating.
 fn destroy(inner: &Inner, instance: &MigInstance) -> Result<(), String> {
     let mig = manager(inner).map_err(|error| error.to_string())?;
     let gpu = &instance.parent_uuid;
-    let exists = mig
-        .gpu_instances(gpu)
-        .map_err(|error| error.to_string())?
+    let instances = match mig.gpu_instances(gpu) {
+        Ok(instances) => instances,
+        Err(error) if error.gpu_is_gone() => {
+            tracing::warn!(%gpu, gpu_instance_id = instance.gpu_instance_id, uuid = %instance.uuid, %error, "the GPU of this MIG partition is gone; nothing to destroy");
+            return Ok(());
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    let exists = instances
         .into_iter()
         .find(|existing| existing.gpu_instance_id == instance.gpu_instance_id);
     let Some(existing) = exists else {

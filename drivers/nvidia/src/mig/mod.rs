@@ -130,6 +130,13 @@ pub enum MigError {
     Backend(#[from] BackendError),
 }
 
+impl MigError {
+    /// The GPU asked about does not exist (any more): what was on it is gone with it.
+    pub fn gpu_is_gone(&self) -> bool {
+        matches!(self, Self::Backend(BackendError::NoSuchGpu { .. }))
+    }
+}
+
 /// Whether the GPU switches MIG mode without a reset: Hopper (compute capability 9.0) and
 /// later. Ampere (8.0) needs a GPU reset, which a running node (or a cloud VM without reset
 /// support, upstream #883) may not be able to do, so the driver never toggles it.

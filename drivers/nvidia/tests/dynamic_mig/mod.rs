@@ -471,3 +471,53 @@ async fn claims_of_one_batch_share_one_instance() {
     assert!(r.f.backend.mig_devices(&uuid).unwrap().is_empty());
     r.shutdown().await;
 }
+
+/// The GPU a claim's partition lived on is gone after a restart (lost, replaced, or another
+/// inventory): nothing is left to undo on it, so unprepare succeeds (with a warning) and the
+/// claim's spec and record go. Before, "destroying its MIG instance: no GPU with UUID ..."
+/// came back as temporarily unavailable on every retry, and the pod never finished
+/// terminating.
+#[tokio::test]
+async fn a_partition_whose_gpu_is_gone_is_released_at_unprepare() {
+    let r = start_dynamic("dgx-h100").await;
+    let claim = r
+        .claim(AllocatedClaim::new("default", "slice").device(
+            "mig",
+            DRIVER_NAME,
+            &format!("{NODE_NAME}/gpu-0"),
+            "gpu-0-mig-3g40gb-9-4",
+        ))
+        .await;
+    assert!(r.prepare_one(&claim).await.is_ok());
+    let Running {
+        cluster, plugin, ..
+    } = r;
+    plugin.shutdown().await.unwrap();
+
+    // The node comes back with other GPUs: no H100 UUID exists any more.
+    let other = Fixture::new("dgx-a100");
+    let plugin = cluster
+        .plugin(other.driver(GATES), DRIVER_NAME)
+        .start()
+        .await
+        .unwrap();
+    let kubelet = cluster
+        .register(&plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    let unprepared = kubelet
+        .unprepare(std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert_eq!(unprepared[&claim.uid], Ok(()));
+    let (checkpoint, _) =
+        Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
+    assert!(!checkpoint.records().unwrap().contains_key(&claim.uid));
+    let specs: Vec<_> = std::fs::read_dir(cluster.cdi_root())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(&claim.uid))
+        .collect();
+    assert!(specs.is_empty(), "{specs:?}");
+    plugin.shutdown().await.unwrap();
+}
