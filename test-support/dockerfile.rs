@@ -68,21 +68,49 @@ pub fn check_build_stage(workspace: &Path, path: &str, package: &str, binary: &s
     args
 }
 
-/// The build image is `rust:<the pinned toolchain>-…`.
+/// The build image is `rust:<the pinned toolchain>-…` (the exact version: `rust:1.95` would
+/// float to the newest 1.95.x), and it adds the toolchain file's components.
 pub fn check_toolchain(workspace: &Path, path: &str) {
     let pinned = std::fs::read_to_string(workspace.join("rust-toolchain.toml")).unwrap();
-    let channel = pinned
-        .lines()
-        .find_map(|line| line.trim().strip_prefix("channel"))
-        .and_then(|rest| rest.split('"').nth(1))
+    let field = |name: &str| {
+        pinned
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in rust-toolchain.toml"))
+            .to_owned()
+    };
+    let channel = field("channel")
+        .split('"')
+        .nth(1)
         .expect("a channel in rust-toolchain.toml")
         .to_owned();
-    let from = format!("rust:{}-", channel.trim_end_matches(".0"));
+    assert_eq!(
+        channel.split('.').count(),
+        3,
+        "{channel}: not an exact version"
+    );
+    let from = format!("FROM docker.io/library/rust:{channel}-");
     let text = std::fs::read_to_string(workspace.join(path)).unwrap();
     assert!(
         text.contains(&from),
         "{path}: the build image is not {from}*"
     );
+    let components: Vec<String> = field("components")
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    let add = text
+        .lines()
+        .find(|line| line.contains("rustup component add"))
+        .unwrap_or_else(|| panic!("{path}: no rustup component add"));
+    for component in &components {
+        assert!(
+            add.split_whitespace().any(|word| word == component),
+            "{path}: {add} lacks {component}"
+        );
+    }
 }
 
 /// `.dockerignore` keeps `target/` and `.git/` out of every image's build context.

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Checks what each demo's containers printed against what its README says to expect: the
-# GPU_DEVICE_* variables the driver gave them. Exits non-zero naming every demo that differs.
+# GPU_DEVICE_* variables the driver gave them. Checks the demos named as arguments (every demo
+# by default, in the order of DEMOS in common.sh); exits non-zero naming every demo that
+# differs. run-demos.sh runs it for each demo right after the demo's pods run.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -35,44 +37,24 @@ distinct_single_gpus() {
   b=$(uuids "$1" pod1 ctr)
   [[ $(count "$a") -eq 1 && $(count "$b") -eq 1 && $a != "$b" ]]
 }
-expect two-pods-one-gpu-each "each pod has one GPU, and they differ" \
-  distinct_single_gpus two-pods-one-gpu-each
-
 same_single_gpu() { # <namespace> <pod> <container> <pod> <container>
   local a b
   a=$(uuids "$1" "$2" "$3")
   b=$(uuids "$1" "$4" "$5")
   [[ $(count "$a") -eq 1 && $a == "$b" ]]
 }
-expect containers-share-a-gpu "one GPU, the same in both containers" \
-  same_single_gpu containers-share-a-gpu pod ctr0 pod ctr1
-expect pods-share-a-claim "one GPU, the same in both pods" \
-  same_single_gpu pods-share-a-claim pod0 ctr pod1 ctr
-
-expect cel-selector "the GPU has index 6 or 7" \
-  printed cel-selector pod ctr '^GPU_DEVICE_[67]='
-
-expect opaque-configs "ts-ctr: time-slicing with the Long interval" \
-  printed opaque-configs pod ts-ctr '^GPU_DEVICE_[0-9]+_TIMESLICE_INTERVAL=Long$'
-expect opaque-configs "sp-ctr: space-partitioning into 4" \
-  printed opaque-configs pod sp-ctr '^GPU_DEVICE_[0-9]+_PARTITION_COUNT=4$'
-
 fallback_chosen() {
   local request
   request=$(kubectl_ get resourceclaims -n prioritized-list \
     -o jsonpath='{.items[0].status.allocation.devices.results[0].request}')
   [[ $(count "$(uuids prioritized-list pod ctr)") -eq 1 && $request == gpu/any ]]
 }
-expect prioritized-list "one GPU, from the fallback alternative gpu/any" fallback_chosen
-
 # The GPUs per node that install-driver.sh set (kubeletPlugin.numDevices of driver-values.yaml).
 num_devices=$(sed -n 's/^ *numDevices: *\([0-9][0-9]*\).*/\1/p' "$DRIVER_VALUES")
 every_gpu_with_admin_access() {
   [[ $(count "$(uuids admin-access pod ctr)") -eq $num_devices ]] &&
     printed admin-access pod ctr '^DRA_ADMIN_ACCESS=true$'
 }
-expect admin-access "all $num_devices GPUs of the node, with admin access" every_gpu_with_admin_access
-
 # partitions <namespace> <pod> <container>: `<gpu> <uuid>` per partition the container got.
 partitions() {
   kubectl_ logs -n "$1" "$2" -c "$3" |
@@ -86,9 +68,6 @@ partitions_of_one_gpu_and_another_whole_gpu() {
     [[ $(count "$whole") -eq 1 && $parts != *"${whole% }"* ]] &&
     [[ $(kubectl_ logs -n partitionable-devices pod -c part-ctr | grep -cE '^GPU_DEVICE_[0-9]+_PARTITION_[0-9]+_MEMORY=20480Mi$') -eq 2 ]]
 }
-expect partitionable-devices "two partitions of one GPU, and a whole GPU that is another" \
-  partitions_of_one_gpu_and_another_whole_gpu
-
 quarter_shares_of_gpu_11() {
   local ctr
   same_single_gpu consumable-capacity pod ctr0 pod ctr1 || return 1
@@ -97,10 +76,54 @@ quarter_shares_of_gpu_11() {
       printed consumable-capacity pod "$ctr" '^GPU_DEVICE_11_COMPUTE=25$' || return 1
   done
 }
-expect consumable-capacity "both claims share GPU 11, a quarter each" quarter_shares_of_gpu_11
+
+# check <demo>: the demo's expectations, as its README states them.
+check() {
+  case $1 in
+    two-pods-one-gpu-each)
+      expect two-pods-one-gpu-each "each pod has one GPU, and they differ" \
+        distinct_single_gpus two-pods-one-gpu-each ;;
+    containers-share-a-gpu)
+      expect containers-share-a-gpu "one GPU, the same in both containers" \
+        same_single_gpu containers-share-a-gpu pod ctr0 pod ctr1 ;;
+    pods-share-a-claim)
+      expect pods-share-a-claim "one GPU, the same in both pods" \
+        same_single_gpu pods-share-a-claim pod0 ctr pod1 ctr ;;
+    cel-selector)
+      expect cel-selector "the GPU has index 6 or 7" \
+        printed cel-selector pod ctr '^GPU_DEVICE_[67]=' ;;
+    opaque-configs)
+      expect opaque-configs "ts-ctr: time-slicing with the Long interval" \
+        printed opaque-configs pod ts-ctr '^GPU_DEVICE_[0-9]+_TIMESLICE_INTERVAL=Long$'
+      expect opaque-configs "sp-ctr: space-partitioning into 4" \
+        printed opaque-configs pod sp-ctr '^GPU_DEVICE_[0-9]+_PARTITION_COUNT=4$' ;;
+    prioritized-list)
+      expect prioritized-list "one GPU, from the fallback alternative gpu/any" fallback_chosen ;;
+    admin-access)
+      expect admin-access "all $num_devices GPUs of the node, with admin access" \
+        every_gpu_with_admin_access ;;
+    partitionable-devices)
+      expect partitionable-devices "two partitions of one GPU, and a whole GPU that is another" \
+        partitions_of_one_gpu_and_another_whole_gpu ;;
+    consumable-capacity)
+      expect consumable-capacity "both claims share GPU 11, a quarter each" \
+        quarter_shares_of_gpu_11 ;;
+    *)
+      echo "no demo $1 (the demos: ${DEMOS[*]})" >&2
+      failed+=("$1") ;;
+  esac
+}
+
+demos=("$@")
+[[ ${#demos[@]} -gt 0 ]] || demos=("${DEMOS[@]}")
+for demo in "${demos[@]}"; do
+  check "$demo"
+done
 
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "demos that differ from their README: ${failed[*]}" >&2
   exit 1
 fi
-say "every demo matches its README"
+if [[ $# -eq 0 ]]; then
+  say "every demo matches its README"
+fi

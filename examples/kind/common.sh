@@ -1,5 +1,6 @@
 # Settings shared by the kind walkthrough's scripts; sourced, not run. Override any of them
-# from the environment, e.g. KIND_NODE_IMAGE=kindest/node:v1.34.0 ./create-cluster.sh
+# from the environment, e.g.
+#   KIND_NODE_IMAGE=kindest/node:v1.34.8@sha256:02722c2dedddcfc00febf5d27fbeb9b7b2c14294c82109ff4a85d89ac9ba3256 ./create-cluster.sh
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # the variables are for the scripts that source this file
 
@@ -11,7 +12,15 @@ CHART_DIR=$REPO_ROOT/examples/mock-gpu/deploy/helm/mock-gpu-driver
 DRIVER_VALUES=$KIND_DIR/driver-values.yaml
 
 : "${CLUSTER_NAME:=dra-mock-gpu}"
-: "${KIND_NODE_IMAGE:=kindest/node:v1.36.1}"
+# kind supports a node image only with the kind release that built it, and only by digest:
+# these are the v1.36.1 image and the release that lists it
+# (https://github.com/kubernetes-sigs/kind/releases/tag/v0.32.0, which also lists
+# v1.35.5@sha256:ce977ae6d65918d0b58a5f8b5e940429c2ce42fa3a5619ec2bbc60b949c0ac95 and
+# v1.34.8@sha256:02722c2dedddcfc00febf5d27fbeb9b7b2c14294c82109ff4a85d89ac9ba3256).
+# create-cluster.sh refuses another kind version with this image.
+KIND_RELEASE=v0.32.0
+KIND_RELEASE_NODE_IMAGE=kindest/node:v1.36.1@sha256:3489c7674813ba5d8b1a9977baea8a6e553784dab7b84759d1014dbd78f7ebd5
+: "${KIND_NODE_IMAGE:=$KIND_RELEASE_NODE_IMAGE}"
 : "${DRIVER_NAMESPACE:=dra-mock-gpu}"
 : "${RELEASE_NAME:=mock-gpu}"
 : "${IMAGE_REPOSITORY:=ghcr.io/dra-sdk/mock-gpu-kubelet-plugin}"
@@ -19,6 +28,10 @@ DRIVER_VALUES=$KIND_DIR/driver-values.yaml
 : "${KIND:=kind}"
 : "${KUBECTL:=kubectl}"
 : "${HELM:=helm}"
+# How long install-driver.sh waits for the ResourceSlices: WAIT_ATTEMPTS polls WAIT_INTERVAL
+# seconds apart.
+: "${WAIT_ATTEMPTS:=60}"
+: "${WAIT_INTERVAL:=2}"
 # docker or podman, whichever is installed (kind supports both).
 if [[ -z ${CONTAINER_ENGINE:-} ]]; then
   if command -v docker >/dev/null 2>&1; then
@@ -52,6 +65,8 @@ kubectl_() {
   "$KUBECTL" --context "$KUBE_CONTEXT" "$@"
 }
 
-# The demos, in the order they run: one directory each under demos/.
-DEMOS=(two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector opaque-configs
-  prioritized-list admin-access partitionable-devices consumable-capacity)
+# The demos, in the order run-demos.sh applies and checks them, one at a time: one directory
+# each under demos/. admin-access comes first: its `allocationMode: All` request gets the GPUs
+# that have capacity left, which is all 12 only while no other demo holds one.
+DEMOS=(admin-access two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector
+  opaque-configs prioritized-list partitionable-devices consumable-capacity)

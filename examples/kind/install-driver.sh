@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs (or upgrades) the mock GPU driver's Helm chart with the image build-image.sh
-# loaded and the demos' settings (driver-values.yaml), and waits until the plugin runs on
-# every node and each node publishes its GPUs.
+# loaded and the demos' settings (driver-values.yaml), and waits until every node the plugin's
+# DaemonSet runs on publishes its GPUs. That is the worker only: the chart has no toleration
+# for the control plane's NoSchedule taint, so waiting for every node would never end.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -17,17 +18,28 @@ say "helm upgrade --install $RELEASE_NAME into namespace $DRIVER_NAMESPACE"
   --set image.pullPolicy=Never \
   --wait --timeout 180s
 
-say "waiting for every node's ResourceSlices"
-nodes=$(kubectl_ get nodes -o name | wc -l)
-for _ in $(seq 1 60); do
+# The nodes the DaemonSet runs its plugin on (its status, written by the DaemonSet controller).
+desired=$(kubectl_ -n "$DRIVER_NAMESPACE" get daemonsets \
+  -l app.kubernetes.io/instance="$RELEASE_NAME" \
+  -o jsonpath='{range .items[*]}{.status.desiredNumberScheduled}{"\n"}{end}' | head -n1)
+if [[ -z $desired || $desired -eq 0 ]]; then
+  echo "the plugin's DaemonSet (release $RELEASE_NAME in $DRIVER_NAMESPACE) runs on no node:" >&2
+  echo "  every node is tainted or excluded; see kubectl get nodes -o wide and the chart's" >&2
+  echo "  kubeletPlugin.nodeSelector, affinity and tolerations" >&2
+  exit 1
+fi
+
+say "waiting until the $desired node(s) the plugin runs on publish their GPUs"
+published=0
+for ((attempt = 1; attempt <= WAIT_ATTEMPTS; attempt++)); do
   published=$(kubectl_ get resourceslices --field-selector spec.driver=gpu.example.com \
     -o jsonpath='{range .items[*]}{.spec.nodeName}{"\n"}{end}' | sort -u | grep -c . || true)
-  if [[ $published -ge $nodes ]]; then
+  if [[ $published -ge $desired ]]; then
     kubectl_ get resourceslices --field-selector spec.driver=gpu.example.com
     exit 0
   fi
-  sleep 2
+  sleep "$WAIT_INTERVAL"
 done
-echo "only $published of $nodes nodes publish mock GPUs; plugin logs:" >&2
+echo "only $published of the $desired nodes the plugin runs on publish mock GPUs; plugin logs:" >&2
 kubectl_ -n "$DRIVER_NAMESPACE" logs -l app.kubernetes.io/instance="$RELEASE_NAME" --tail 30 >&2 || true
 exit 1

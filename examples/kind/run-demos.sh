@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Applies every demo under demos/ (or those named as arguments) and waits until their pods
-# run. Applying again changes nothing; a demo's namespace holds all of its objects.
+# Runs the demos one at a time, in the order of DEMOS in common.sh (or those named as
+# arguments, in the order given): applies a demo, waits until its pods run, and checks it with
+# check-demos.sh before the next one starts, so each check sees the GPUs as its README
+# describes them (admin-access, first, sees all 12; the demos after it hold a GPU each).
+# Stops at the first demo that differs. Applying again changes nothing; a demo's namespace
+# holds all of its objects.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -9,9 +13,18 @@ need "$KUBECTL"
 demos=("$@")
 [[ ${#demos[@]} -gt 0 ]] || demos=("${DEMOS[@]}")
 for demo in "${demos[@]}"; do
-  say "demo $demo"
-  kubectl_ apply -f "$KIND_DIR/demos/$demo/demo.yaml"
+  if [[ ! -f $KIND_DIR/demos/$demo/demo.yaml ]]; then
+    echo "no demo $demo (the demos: ${DEMOS[*]})" >&2
+    exit 1
+  fi
 done
 for demo in "${demos[@]}"; do
-  kubectl_ wait --for=condition=Ready pod --all -n "$demo" --timeout 120s
+  say "demo $demo"
+  kubectl_ apply -f "$KIND_DIR/demos/$demo/demo.yaml"
+  if ! kubectl_ wait --for=condition=Ready pod --all -n "$demo" --timeout 120s; then
+    echo "the pods of demo $demo do not run; kubectl describe pods -n $demo says why" >&2
+    exit 1
+  fi
+  "$KIND_DIR/check-demos.sh" "$demo"
 done
+say "every demo ran and matches its README"

@@ -497,16 +497,601 @@ fn the_kind_config_has_two_nodes_cdi_and_known_gates() {
         );
         assert_eq!(value, true, "{gate}");
     }
-    for gate in ["DRAPartitionableDevices", "DRAConsumableCapacity"] {
-        assert_eq!(config["featureGates"][gate], true, "{gate} is off");
-    }
-    // The node image is Kubernetes 1.34 or newer.
+    // Only the gates the demos need on 1.34 and 1.35, where they are alpha (on by default from
+    // 1.36): no DRADeviceTaints, whose alpha on 1.34 and 1.35 needs resource.k8s.io/v1alpha3
+    // served (without it the scheduler's DeviceTaintRule informer never syncs), and no
+    // runtimeConfig.
+    let mut gates: Vec<&str> = config["featureGates"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    gates.sort_unstable();
+    assert_eq!(gates, ["DRAConsumableCapacity", "DRAPartitionableDevices"]);
+    assert!(config.get("runtimeConfig").is_none(), "{config}");
+    // The node image is Kubernetes 1.34 or newer, pinned by digest, with the kind release
+    // that built it; the walkthrough's README names both.
     let common = std::fs::read_to_string(kind_dir.join("common.sh")).unwrap();
-    let tag = common
-        .lines()
-        .find_map(|line| line.strip_prefix(": \"${KIND_NODE_IMAGE:=kindest/node:v"))
-        .and_then(|rest| rest.strip_suffix("}\""))
-        .expect("KIND_NODE_IMAGE in common.sh");
+    let value = |name: &str| {
+        common
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("{name} in common.sh"))
+            .to_owned()
+    };
+    let (release, image) = (value("KIND_RELEASE"), value("KIND_RELEASE_NODE_IMAGE"));
+    assert!(
+        common.contains(": \"${KIND_NODE_IMAGE:=$KIND_RELEASE_NODE_IMAGE}\""),
+        "KIND_NODE_IMAGE's default"
+    );
+    let (tag, digest) = image
+        .strip_prefix("kindest/node:v")
+        .and_then(|rest| rest.split_once("@sha256:"))
+        .unwrap_or_else(|| panic!("{image} is not kindest/node:v<version>@sha256:<digest>"));
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{image}"
+    );
     let minor: u32 = tag.split('.').nth(1).unwrap().parse().unwrap();
     assert!(minor >= 34, "kindest/node:v{tag} is older than 1.34");
+    assert!(release.starts_with("v0."), "{release}");
+    let readme = std::fs::read_to_string(kind_dir.join("README.md")).unwrap();
+    for pinned in [&image, &release] {
+        assert!(readme.contains(pinned.as_str()), "README.md lacks {pinned}");
+    }
+    let config_text = std::fs::read_to_string(kind_dir.join("kind-config.yaml")).unwrap();
+    assert!(
+        config_text.contains(&image),
+        "kind-config.yaml's command lacks {image}"
+    );
+}
+
+// The walkthrough's scripts themselves, run for real with stubbed `kubectl`, `kind`, `docker`,
+// `podman` and `helm` first on PATH: each stub records its arguments and answers with canned
+// output, so the waiting and checking logic is tested without a cluster (none runs here).
+
+/// The whole GPUs each demo holds while it runs, which an `allocationMode: All` request made
+/// meanwhile does not get (consumable-capacity's two quarter shares leave GPU 11 capacity, so
+/// it holds none whole).
+const GPUS_HELD: &[(&str, u32)] = &[
+    ("two-pods-one-gpu-each", 2),
+    ("containers-share-a-gpu", 1),
+    ("pods-share-a-claim", 1),
+    ("cel-selector", 1),
+    ("opaque-configs", 2),
+    ("prioritized-list", 1),
+    ("partitionable-devices", 2),
+    ("consumable-capacity", 0),
+];
+
+/// `kubectl`: records the call; `apply` and `wait` record the demo; `logs` of a demo's
+/// container prints `state/logs/<namespace>/<pod>/<container>`, except admin-access's, which
+/// gets every GPU minus those the demos applied before its pods were waited for hold (the
+/// scheduler may place any applied pod first); the DaemonSet's `desiredNumberScheduled` is
+/// `state/desired`, the nodes publishing slices `state/slices`, the cluster's nodes
+/// `state/nodes`.
+const KUBECTL_STUB: &str = r#"#!/usr/bin/env bash
+set -euo pipefail
+echo "kubectl $*" >>"$STUB_STATE/calls"
+if [[ ${1:-} == --context ]]; then shift 2; fi
+case $1 in
+  apply)
+    demo=$(basename "$(dirname "$3")")
+    echo "$demo" >>"$STUB_STATE/applied"
+    echo "namespace/$demo created" ;;
+  wait)
+    args="$*"; ns=${args##*-n }; ns=${ns%% *}
+    if [[ $ns == admin-access && ! -f $STUB_STATE/admin-held ]]; then
+      held=0
+      while read -r demo; do
+        [[ $demo == admin-access ]] && continue
+        held=$((held + $(grep "^$demo " "$STUB_STATE/held" | cut -d' ' -f2)))
+      done <"$STUB_STATE/applied"
+      echo "$held" >"$STUB_STATE/admin-held"
+    fi ;;
+  logs)
+    ns=$3 pod=$4 ctr=$6
+    if [[ $ns == admin-access ]]; then
+      for ((i = 0; i < 12 - $(cat "$STUB_STATE/admin-held"); i++)); do echo "GPU_DEVICE_$i=gpu-$i"; done
+      echo DRA_ADMIN_ACCESS=true
+    else
+      cat "$STUB_STATE/logs/$ns/$pod/$ctr"
+    fi ;;
+  -n)
+    if [[ $3 == get ]]; then cat "$STUB_STATE/desired"; else echo "plugin: no slices written"; fi ;;
+  get)
+    case $2 in
+      resourceslices) if [[ $* == *jsonpath* ]]; then cat "$STUB_STATE/slices"; else echo "NAME NODE"; fi ;;
+      resourceclaims) printf gpu/any ;;
+      nodes) cat "$STUB_STATE/nodes" ;;
+    esac ;;
+esac
+"#;
+
+/// `kind`: `version` prints `state/kind-version`; `get clusters` prints `state/clusters`;
+/// `load docker-image` fails as on Docker's containerd image store when `state/load-fails`
+/// exists; `get nodes` prints both nodes.
+const KIND_STUB: &str = r#"#!/usr/bin/env bash
+set -euo pipefail
+echo "kind $*" >>"$STUB_STATE/calls"
+case "$1 ${2:-}" in
+  "version ") cat "$STUB_STATE/kind-version" ;;
+  "get clusters") cat "$STUB_STATE/clusters" ;;
+  "get nodes") printf 'dra-mock-gpu-control-plane\ndra-mock-gpu-worker\n' ;;
+  "load docker-image")
+    if [[ -f $STUB_STATE/load-fails ]]; then
+      echo 'ctr: content digest sha256:0123: not found' >&2
+      exit 1
+    fi ;;
+esac
+"#;
+
+/// `docker` and `podman`: `buildx version` fails when `state/no-buildx` exists; `save` prints
+/// an archive (podman's `-o` writes it); `exec` reads its input.
+const ENGINE_STUB: &str = r#"#!/usr/bin/env bash
+set -euo pipefail
+echo "$(basename "$0") $*" >>"$STUB_STATE/calls"
+case "$1 ${2:-}" in
+  "buildx version") [[ ! -f $STUB_STATE/no-buildx ]] ;;
+  save*) if [[ ${3:-} == -o ]]; then echo archive >"$4"; else echo archive; fi ;;
+  exec*) cat >/dev/null ;;
+esac
+"#;
+
+const HELM_STUB: &str = r#"#!/usr/bin/env bash
+echo "helm $*" >>"$STUB_STATE/calls"
+"#;
+
+/// A directory of stubs and their state, and the walkthrough's scripts run against them.
+struct Stubs {
+    dir: tempfile::TempDir,
+}
+
+struct ScriptRun {
+    success: bool,
+    stdout: String,
+    stderr: String,
+    /// Every stubbed command run, `<tool> <args>`, in order.
+    calls: Vec<String>,
+}
+
+impl Stubs {
+    fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for (name, body) in [
+            ("kubectl", KUBECTL_STUB),
+            ("kind", KIND_STUB),
+            ("docker", ENGINE_STUB),
+            ("podman", ENGINE_STUB),
+            ("helm", HELM_STUB),
+        ] {
+            let path = bin.join(name);
+            std::fs::write(&path, body).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let stubs = Self { dir };
+        stubs.set("calls", "");
+        stubs.set("applied", "");
+        stubs.set(
+            "nodes",
+            "node/dra-mock-gpu-control-plane\nnode/dra-mock-gpu-worker\n",
+        );
+        stubs.set("desired", "1");
+        stubs.set("slices", "dra-mock-gpu-worker\n");
+        stubs.set("kind-version", "kind v0.32.0 go1.25.5 linux/amd64\n");
+        stubs.set("clusters", "dra-mock-gpu\n");
+        let held: String = GPUS_HELD
+            .iter()
+            .map(|(demo, gpus)| format!("{demo} {gpus}\n"))
+            .collect();
+        stubs.set("held", &held);
+        stubs.set_passing_logs();
+        stubs
+    }
+
+    /// Writes a state file (creating its directories).
+    fn set(&self, name: &str, contents: &str) {
+        let path = self.dir.path().join("state").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+
+    /// What each demo's containers print when its README holds (admin-access's come from
+    /// the stub).
+    fn set_passing_logs(&self) {
+        let logs: &[(&str, &[&str])] = &[
+            ("two-pods-one-gpu-each/pod0/ctr", &["GPU_DEVICE_0=gpu-a"]),
+            ("two-pods-one-gpu-each/pod1/ctr", &["GPU_DEVICE_1=gpu-b"]),
+            ("containers-share-a-gpu/pod/ctr0", &["GPU_DEVICE_2=gpu-c"]),
+            ("containers-share-a-gpu/pod/ctr1", &["GPU_DEVICE_2=gpu-c"]),
+            ("pods-share-a-claim/pod0/ctr", &["GPU_DEVICE_3=gpu-d"]),
+            ("pods-share-a-claim/pod1/ctr", &["GPU_DEVICE_3=gpu-d"]),
+            ("cel-selector/pod/ctr", &["GPU_DEVICE_6=gpu-g"]),
+            (
+                "opaque-configs/pod/ts-ctr",
+                &["GPU_DEVICE_4=gpu-e", "GPU_DEVICE_4_TIMESLICE_INTERVAL=Long"],
+            ),
+            (
+                "opaque-configs/pod/sp-ctr",
+                &["GPU_DEVICE_5=gpu-f", "GPU_DEVICE_5_PARTITION_COUNT=4"],
+            ),
+            ("prioritized-list/pod/ctr", &["GPU_DEVICE_7=gpu-h"]),
+            (
+                "partitionable-devices/pod/part-ctr",
+                &[
+                    "GPU_DEVICE_8_PARTITION_0=gpu-i",
+                    "GPU_DEVICE_8_PARTITION_0_MEMORY=20480Mi",
+                    "GPU_DEVICE_8_PARTITION_1=gpu-i",
+                    "GPU_DEVICE_8_PARTITION_1_MEMORY=20480Mi",
+                ],
+            ),
+            (
+                "partitionable-devices/pod/whole-ctr",
+                &["GPU_DEVICE_9=gpu-j"],
+            ),
+        ];
+        for (path, lines) in logs {
+            self.set(&format!("logs/{path}"), &(lines.join("\n") + "\n"));
+        }
+        for ctr in ["ctr0", "ctr1"] {
+            self.set(
+                &format!("logs/consumable-capacity/pod/{ctr}"),
+                "GPU_DEVICE_11=gpu-l\nGPU_DEVICE_11_MEMORY=20Gi\nGPU_DEVICE_11_COMPUTE=25\n",
+            );
+        }
+    }
+
+    /// Runs `examples/kind/<script>` with the stubs first on PATH and `env` set.
+    fn run(&self, script: &str, args: &[&str], env: &[(&str, &str)]) -> ScriptRun {
+        let kind_dir = demos_dir().join("..");
+        let path = format!(
+            "{}:{}",
+            self.dir.path().join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut command = std::process::Command::new(kind_dir.join(script));
+        command
+            .args(args)
+            .env("PATH", path)
+            .env("STUB_STATE", self.dir.path().join("state"))
+            .env("TMPDIR", self.dir.path())
+            .env("WAIT_INTERVAL", "0");
+        for name in [
+            "KIND",
+            "KUBECTL",
+            "HELM",
+            "CONTAINER_ENGINE",
+            "KIND_EXPERIMENTAL_PROVIDER",
+            "CLUSTER_NAME",
+            "KIND_NODE_IMAGE",
+            "DRIVER_NAMESPACE",
+            "RELEASE_NAME",
+            "IMAGE_REPOSITORY",
+            "IMAGE_TAG",
+            "WAIT_ATTEMPTS",
+        ] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied());
+        let output = command.output().unwrap();
+        let calls = std::fs::read_to_string(self.dir.path().join("state/calls")).unwrap();
+        ScriptRun {
+            success: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            calls: calls.lines().map(str::to_owned).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ScriptRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "success: {}\n--- stdout\n{}--- stderr\n{}--- calls\n{}",
+            self.success,
+            self.stdout,
+            self.stderr,
+            self.calls.join("\n")
+        )
+    }
+}
+
+/// The demos in the order of `DEMOS` in common.sh.
+fn demos_in_order() -> Vec<String> {
+    let common = std::fs::read_to_string(demos_dir().join("../common.sh")).unwrap();
+    let start = common.find("DEMOS=(").expect("DEMOS in common.sh") + "DEMOS=(".len();
+    let end = start + common[start..].find(')').unwrap();
+    common[start..end]
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn install_driver_waits_for_the_nodes_the_daemonset_runs_on_not_every_node() {
+    // Two nodes, the plugin on the worker only (the control plane's taint): done at once.
+    let stubs = Stubs::new();
+    let run = stubs.run("install-driver.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    let helm = run.calls.iter().find(|c| c.starts_with("helm ")).unwrap();
+    for value in ["image.pullPolicy=Never", "--values", "--wait"] {
+        assert!(helm.contains(value), "{helm}");
+    }
+    let polls = run
+        .calls
+        .iter()
+        .filter(|c| c.contains("get resourceslices") && c.contains("jsonpath"))
+        .count();
+    assert_eq!(polls, 1, "{run:?}");
+    assert!(
+        run.calls
+            .iter()
+            .any(|c| c.contains("get daemonsets") && c.contains("desiredNumberScheduled")),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn install_driver_fails_naming_the_nodes_that_do_not_publish() {
+    let stubs = Stubs::new();
+    stubs.set("desired", "2");
+    let run = stubs.run("install-driver.sh", &[], &[("WAIT_ATTEMPTS", "3")]);
+    assert!(!run.success, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("only 1 of the 2 nodes the plugin runs on publish mock GPUs"),
+        "{run:?}"
+    );
+    let polls = run
+        .calls
+        .iter()
+        .filter(|c| c.contains("get resourceslices"))
+        .count();
+    assert_eq!(polls, 3, "{run:?}");
+    assert!(run.calls.iter().any(|c| c.contains("logs -l")), "{run:?}");
+
+    // A DaemonSet that runs nowhere fails at once, without waiting.
+    let stubs = Stubs::new();
+    stubs.set("desired", "0");
+    let run = stubs.run("install-driver.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert!(run.stderr.contains("runs on no node"), "{run:?}");
+    assert!(
+        !run.calls.iter().any(|c| c.contains("get resourceslices")),
+        "{run:?}"
+    );
+}
+
+/// `(demo, step)` for each kubectl call of run-demos.sh and the checks it runs: `apply`,
+/// `wait` or `check` (a `logs` or `get resourceclaims` of the demo's namespace).
+fn demo_steps(calls: &[String]) -> Vec<(String, &'static str)> {
+    let namespace = |call: &str| {
+        let rest = &call[call.find(" -n ")? + 4..];
+        Some(rest.split_whitespace().next()?.to_owned())
+    };
+    calls
+        .iter()
+        .filter_map(|call| {
+            if call.contains(" apply -f ") {
+                let path = call.rsplit(' ').next()?;
+                let demo = Path::new(path).parent()?.file_name()?.to_str()?.to_owned();
+                Some((demo, "apply"))
+            } else if call.contains(" wait ") {
+                Some((namespace(call)?, "wait"))
+            } else if call.contains(" logs ") || call.contains(" get resourceclaims ") {
+                Some((namespace(call)?, "check"))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn run_demos_applies_waits_and_checks_one_demo_at_a_time_in_an_order_that_holds() {
+    let stubs = Stubs::new();
+    let run = stubs.run("run-demos.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    assert!(
+        run.stdout.contains("every demo ran and matches its README"),
+        "{run:?}"
+    );
+    // Every demo in DEMOS order, each applied, waited for and checked before the next.
+    let steps = demo_steps(&run.calls);
+    let mut order: Vec<String> = Vec::new();
+    for (demo, step) in &steps {
+        if *step == "apply" {
+            assert!(!order.contains(demo), "{demo} applied twice: {run:?}");
+            order.push(demo.clone());
+        } else {
+            assert_eq!(
+                order.last(),
+                Some(demo),
+                "{step} of {demo} while another demo runs: {run:?}"
+            );
+        }
+    }
+    assert_eq!(order, demos_in_order());
+    for demo in &order {
+        for step in ["wait", "check"] {
+            assert!(
+                steps.contains(&(demo.clone(), step)),
+                "{demo}: no {step}: {run:?}"
+            );
+        }
+    }
+    // A request for all devices runs before any demo that holds a GPU.
+    let first_other = order
+        .iter()
+        .position(|demo| {
+            let yaml = std::fs::read_to_string(demos_dir().join(demo).join("demo.yaml")).unwrap();
+            !yaml.contains("allocationMode: All")
+        })
+        .unwrap();
+    for demo in &order[first_other..] {
+        let yaml = std::fs::read_to_string(demos_dir().join(demo).join("demo.yaml")).unwrap();
+        assert!(
+            !yaml.contains("allocationMode: All"),
+            "{demo} asks for all GPUs after demos that hold some"
+        );
+    }
+    // Every demo the directory has runs, and only those.
+    let mut all: Vec<String> = std::fs::read_dir(demos_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    all.sort();
+    let mut ran = order.clone();
+    ran.sort();
+    assert_eq!(ran, all);
+}
+
+#[test]
+fn the_admin_access_check_fails_when_other_demos_hold_gpus_first() {
+    // The stub's model of the cluster reproduces the bug of applying every demo at once:
+    // after a demo that holds two GPUs, the All request gets 10, not 12.
+    let stubs = Stubs::new();
+    let run = stubs.run(
+        "run-demos.sh",
+        &["two-pods-one-gpu-each", "admin-access"],
+        &[],
+    );
+    assert!(!run.success, "{run:?}");
+    assert!(run.stderr.contains("FAILED admin-access"), "{run:?}");
+}
+
+#[test]
+fn run_demos_stops_at_the_first_demo_that_differs() {
+    let stubs = Stubs::new();
+    stubs.set("logs/cel-selector/pod/ctr", "GPU_DEVICE_3=gpu-d\n");
+    let run = stubs.run("run-demos.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert!(run.stderr.contains("FAILED cel-selector"), "{run:?}");
+    let order = demos_in_order();
+    let next = &order[order.iter().position(|d| d == "cel-selector").unwrap() + 1];
+    assert!(
+        !demo_steps(&run.calls).contains(&(next.clone(), "apply")),
+        "{next} applied after cel-selector failed: {run:?}"
+    );
+    // check-demos.sh on its own names it too, and checks the others.
+    let run = stubs.run("check-demos.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("demos that differ from their README: cel-selector"),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn build_image_builds_without_provenance_and_falls_back_to_ctr_import() {
+    let stubs = Stubs::new();
+    let run = stubs.run("build-image.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    let build = run
+        .calls
+        .iter()
+        .find(|c| c.starts_with("docker buildx build"))
+        .unwrap_or_else(|| panic!("no buildx build: {run:?}"));
+    assert!(build.contains("--provenance=false"), "{build}");
+    assert!(build.contains("--load"), "{build}");
+    assert!(
+        run.calls
+            .iter()
+            .any(|c| c.starts_with("kind load docker-image")),
+        "{run:?}"
+    );
+    assert!(!run.calls.iter().any(|c| c.contains("ctr")), "{run:?}");
+
+    // kind load fails ("content digest ... not found"): docker save | ctr import on each node.
+    let stubs = Stubs::new();
+    stubs.set("load-fails", "");
+    let run = stubs.run("build-image.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    for node in ["dra-mock-gpu-control-plane", "dra-mock-gpu-worker"] {
+        let import = format!(
+            "docker exec -i {node} ctr --namespace=k8s.io images import --digests --snapshotter=overlayfs -"
+        );
+        assert!(run.calls.contains(&import), "{import}: {run:?}");
+    }
+    assert_eq!(
+        run.calls
+            .iter()
+            .filter(|c| c.starts_with("docker save"))
+            .count(),
+        2,
+        "{run:?}"
+    );
+
+    // Without buildx (BuildKit) the build stops before it starts, saying why.
+    let stubs = Stubs::new();
+    stubs.set("no-buildx", "");
+    let run = stubs.run("build-image.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert!(
+        run.stderr.contains("buildx (BuildKit) is required"),
+        "{run:?}"
+    );
+    assert!(
+        !run.calls.iter().any(|c| c.contains("buildx build")),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn build_image_with_podman_loads_an_archive_from_a_portable_mktemp() {
+    let stubs = Stubs::new();
+    let run = stubs.run("build-image.sh", &[], &[("CONTAINER_ENGINE", "podman")]);
+    assert!(run.success, "{run:?}");
+    let load = run
+        .calls
+        .iter()
+        .find(|c| c.starts_with("kind load image-archive"))
+        .unwrap_or_else(|| panic!("no image-archive load: {run:?}"));
+    let archive = load.split_whitespace().nth(3).unwrap();
+    assert!(
+        archive.starts_with(&stubs.dir.path().display().to_string()),
+        "{load}"
+    );
+    assert!(!Path::new(archive).exists(), "{archive} left behind");
+    // GNU-only mktemp options (--suffix, --tmpdir, ...) fail on macOS.
+    for entry in std::fs::read_dir(demos_dir().join("..")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "sh") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains("mktemp -"), "{}", path.display());
+        }
+    }
+}
+
+#[test]
+fn create_cluster_requires_the_kind_release_that_built_the_node_image() {
+    let stubs = Stubs::new();
+    stubs.set("clusters", "");
+    let run = stubs.run("create-cluster.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    let create = run
+        .calls
+        .iter()
+        .find(|c| c.starts_with("kind create cluster"))
+        .unwrap();
+    assert!(
+        create.contains("--image kindest/node:v1.36.1@sha256:"),
+        "{create}"
+    );
+
+    stubs.set("kind-version", "kind v0.31.0 go1.25.5 linux/amd64\n");
+    stubs.set("calls", "");
+    let run = stubs.run("create-cluster.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert!(run.stderr.contains("kind v0.32.0 is required"), "{run:?}");
+    assert!(
+        !run.calls.iter().any(|c| c.starts_with("kind create")),
+        "{run:?}"
+    );
 }
