@@ -884,8 +884,8 @@ async fn gpu_demo_runs_against_the_real_cluster() {
 
 /// An MPS control-daemon Deployment as the driver builds it, on the real cluster: the API
 /// server accepts it (privileged, hostPID, host paths), the real controller manager and
-/// kubelet run its pod on the pinned node without the scheduler (fakecri starts no process,
-/// and the Deployment has no probe, so its container is Ready once it runs), the readiness
+/// kubelet run its pod on the pinned node without the scheduler (the CRI double starts no
+/// process, and the Deployment has no probe, so its container is Ready once it runs), the readiness
 /// check passes once the test plays the daemon by creating its control socket, and the
 /// Foreground delete ends with the Deployment gone (the garbage collector removing its
 /// ReplicaSet and pod first). The whole prepare path is in `tests/prepare/mps_deployments.rs`;

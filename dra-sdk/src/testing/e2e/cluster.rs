@@ -452,8 +452,9 @@ impl RealCluster {
 
     fn etcd_args(&self, ports: &ControlPlanePorts) -> Result<Vec<String>, E2eError> {
         let data = self.dir.path.join("etcd").display().to_string();
-        // The etcd of ../shared/k8s is a small wrapper with its own flags; an upstream etcd
-        // release takes the standard ones. Ask the binary which it is.
+        // An upstream etcd release takes the standard flags; an older build of this harness
+        // shipped a small wrapper with flags of its own (`--client-port`), still accepted so
+        // that a directory prepared for it keeps working. Ask the binary which it is.
         let help = std::process::Command::new(self.binaries.path("etcd"))
             .arg("--help")
             .output()
@@ -614,7 +615,7 @@ impl RealCluster {
     }
 
     /// The log file of a component: `etcd`, `kube-apiserver`, `kube-controller-manager`,
-    /// `kube-scheduler`, `kubelet-<node>`, `fakecri-<node>`, or a name given to
+    /// `kube-scheduler`, `kubelet-<node>`, or a name given to
     /// [`spawn_program`](Self::spawn_program).
     pub fn log_path(&self, component: &str) -> PathBuf {
         self.dir.path.join("logs").join(format!("{component}.log"))

@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::E2eError;
+use crate::testing::cri::{CriDevice, CriEnv, CriMount};
 
-/// One CRI call, as `fakecri` logged it.
+/// One CRI call, as the [`CriDouble`](crate::testing::cri::CriDouble) logged it
+/// ([`CriDoubleBuilder::log_file`](crate::testing::cri::CriDoubleBuilder::log_file)).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CriCall {
@@ -22,6 +24,19 @@ pub struct CriCall {
     /// The CDI device names the kubelet passed for the container (`CreateContainer`).
     #[serde(default, rename = "cdiDevices")]
     pub cdi_devices: Vec<String>,
+    /// The mounts the kubelet passed for the container (`CreateContainer`).
+    #[serde(default)]
+    pub mounts: Vec<CriMount>,
+    /// The environment the kubelet passed for the container (`CreateContainer`).
+    #[serde(default)]
+    pub envs: Vec<CriEnv>,
+    /// The device-plugin devices the kubelet passed for the container (`CreateContainer`).
+    #[serde(default)]
+    pub devices: Vec<CriDevice>,
+    /// `Code: message` where the call failed (the kubelet retries a failed
+    /// `CreateContainer`).
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// Reads the CRI double's log of one node.
@@ -45,16 +60,21 @@ impl CriLog {
             .collect()
     }
 
-    /// The CDI device names of the newest `CreateContainer` of `container` in the pod
-    /// `namespace/name`, if the kubelet created it.
+    /// The newest successful `CreateContainer` of `container` in the pod `namespace/name`,
+    /// with everything the kubelet passed (CDI devices, mounts, environment, devices).
+    pub fn created_container(&self, pod: &str, container: &str) -> Option<CriCall> {
+        self.calls().into_iter().rfind(|call| {
+            call.call == "CreateContainer"
+                && call.error.is_none()
+                && call.pod.as_deref() == Some(pod)
+                && call.container.as_deref() == Some(container)
+        })
+    }
+
+    /// The CDI device names of the newest successful `CreateContainer` of `container` in the
+    /// pod `namespace/name`, if the kubelet created it.
     pub fn container_cdi_devices(&self, pod: &str, container: &str) -> Option<Vec<String>> {
-        self.calls()
-            .into_iter()
-            .rfind(|call| {
-                call.call == "CreateContainer"
-                    && call.pod.as_deref() == Some(pod)
-                    && call.container.as_deref() == Some(container)
-            })
+        self.created_container(pod, container)
             .map(|call| call.cdi_devices)
     }
 
@@ -100,15 +120,25 @@ mod tests {
                 "\n",
                 r#"{"ts":"2026-11-25T02:55:41Z","call":"CreateContainer","ms":0.2,"pod":"ns/p","container":"c","cdiDevices":["k8s.gpu.example.com/claim=uid-gpu-0"]}"#,
                 "\nnot json\n",
+                r#"{"t_ms":3.5,"call":"CreateContainer","pod":"ns/p","container":"c","error":"Unknown: injected","cdiDevices":["k8s.gpu.example.com/claim=uid-gpu-1"],"mounts":[],"envs":[],"devices":[]}"#,
+                "\n",
+                r#"{"t_ms":4.5,"call":"CreateContainer","pod":"ns/p","container":"d","cdiDevices":[],"mounts":[{"containerPath":"/data","hostPath":"/var/data","readonly":true}],"envs":[{"key":"A","value":"b"}],"devices":[{"containerPath":"/dev/x","hostPath":"/dev/y","permissions":"rw"}]}"#,
+                "\n",
             ),
         )
         .unwrap();
         let log = CriLog::new(path);
-        assert_eq!(log.calls().len(), 2);
+        assert_eq!(log.calls().len(), 4);
+        // The failed attempt after it does not count.
         assert_eq!(
             log.container_cdi_devices("ns/p", "c"),
             Some(vec!["k8s.gpu.example.com/claim=uid-gpu-0".to_owned()])
         );
         assert_eq!(log.container_cdi_devices("ns/p", "other"), None);
+        let d = log.created_container("ns/p", "d").unwrap();
+        assert_eq!(d.mounts[0].host_path, "/var/data");
+        assert!(d.mounts[0].readonly);
+        assert_eq!(d.envs[0].value_str(), Some("b"));
+        assert_eq!(d.devices[0].permissions, "rw");
     }
 }

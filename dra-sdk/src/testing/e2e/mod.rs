@@ -5,19 +5,22 @@
 //! allocated by the real scheduler and prepared when real pods start, all inside `cargo test`,
 //! without containers.
 //!
-//! The kubelet's container runtime is `fakecri`, a CRI double built on the upstream fake
-//! runtime: pods and containers reach Running without a process being started, and it logs
-//! every CRI call, including the CDI device names the kubelet passed for each container
-//! ([`CriLog`]). That is how a test sees that what the plugin prepared reached the runtime.
+//! The kubelet's container runtime is the test kit's [`CriDouble`](crate::testing::cri::CriDouble),
+//! served in the test process on the node's `cri.sock`: pods and containers reach Running
+//! without a process being started, and it logs every CRI call to the node's `cri.jsonl`,
+//! including the CDI device names, mounts and environment the kubelet passed for each
+//! container ([`CriLog`]). That is how a test sees that what the plugin prepared reached the
+//! runtime.
 //!
 //! # Where the binaries come from
 //!
-//! [`ENV_BINARIES`] (`DRA_E2E_K8S_BIN`) names a directory with `etcd`, `kube-apiserver`,
-//! `kube-controller-manager`, `kube-scheduler`, `kubelet` and `fakecri`. Without it,
-//! [`binaries_or_skip`] prints one line saying the end-to-end tests are skipped and returns
-//! `None`; with [`ENV_REQUIRED`] (`DRA_E2E_REQUIRED=1`, set by CI) it panics instead, so a
-//! misconfigured CI run can never pass green without running them. `docs/testing.md` says
-//! how to get the binaries.
+//! [`ENV_BINARIES`] (`DRA_E2E_K8S_BIN`) names a directory with `kube-apiserver`,
+//! `kube-controller-manager`, `kube-scheduler` and `kubelet` (from the official Kubernetes
+//! *server binaries* archive, `kubernetes-server-linux-amd64.tar.gz`) and `etcd` (from an
+//! upstream etcd release). Nothing else: the container runtime is the test kit's own. Without
+//! it, [`binaries_or_skip`] prints one line saying the end-to-end tests are skipped and returns
+//! `None`; with [`ENV_REQUIRED`] (`DRA_E2E_REQUIRED=1`) it panics instead, so a run that must
+//! run them can never pass green without. `docs/testing.md` says how to get the binaries.
 //!
 //! # A cluster for the tests of one binary
 //!
@@ -80,7 +83,8 @@ pub use self::process::{
 
 /// Environment variable naming the directory of the Kubernetes binaries.
 pub const ENV_BINARIES: &str = "DRA_E2E_K8S_BIN";
-/// Environment variable that turns a missing [`ENV_BINARIES`] into a test failure (CI sets it).
+/// Environment variable that turns a missing [`ENV_BINARIES`] into a test failure, for runs
+/// that must run the end-to-end tests.
 pub const ENV_REQUIRED: &str = "DRA_E2E_REQUIRED";
 /// Environment variable: keep the cluster's folder (logs, certificates, kubelet directories)
 /// after the cluster is dropped, for a look after a failure.
@@ -133,6 +137,9 @@ pub enum E2eError {
     /// The certificates could not be made.
     #[error(transparent)]
     Pki(#[from] PkiError),
+    /// A node's CRI double could not start.
+    #[error(transparent)]
+    Cri(#[from] crate::testing::cri::CriError),
     /// A component exited while it was awaited.
     #[error("{component} exited ({status}); last lines of {log}:\n{tail}", log = log.display())]
     Exited {
@@ -235,13 +242,12 @@ pub(crate) struct Binaries {
 }
 
 impl Binaries {
-    const REQUIRED: [&'static str; 6] = [
+    const REQUIRED: [&'static str; 5] = [
         "etcd",
         "kube-apiserver",
         "kube-controller-manager",
         "kube-scheduler",
         "kubelet",
-        "fakecri",
     ];
 
     pub(crate) fn new(dir: &Path) -> Result<Self, E2eError> {

@@ -12,6 +12,7 @@ use super::cri::CriLog;
 use super::pki::Usage;
 use super::process::{ManagedProcess, PrivateMount, mount_namespaces_available};
 use super::{E2eError, io_error};
+use crate::testing::cri::CriDouble;
 
 /// Where every kubelet puts its device-plugin registration socket, whatever its `--root-dir`.
 const KUBELET_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
@@ -40,14 +41,14 @@ pub(crate) struct NodePorts {
     pub(crate) healthz: u16,
 }
 
-/// The processes of a node.
+/// The kubelet process of a node, and its in-process container runtime.
 #[derive(Default)]
 struct NodeProcesses {
-    fakecri: Option<ManagedProcess>,
+    cri: Option<CriDouble>,
     kubelet: Option<ManagedProcess>,
 }
 
-/// One node: a real kubelet with the `fakecri` runtime double.
+/// One node: a real kubelet with the test kit's [`CriDouble`] as its container runtime.
 pub struct KubeletNode {
     name: String,
     root: PathBuf,
@@ -170,17 +171,12 @@ featureGates:
         );
         std::fs::write(&config, text).map_err(io_error(format!("writing {}", config.display())))?;
 
-        let fakecri = cluster.spawn(
-            &format!("fakecri-{name}"),
-            "fakecri",
-            &[
-                "--listen".into(),
-                socket.display().to_string(),
-                "--log".into(),
-                node.cri_log_path().display().to_string(),
-            ],
-        )?;
-        node.lock().fakecri = Some(fakecri);
+        // The runtime serves in this process, on a thread of its own, so it outlives the
+        // runtime of whichever test started the cluster.
+        let cri = CriDouble::builder(&socket)
+            .log_file(node.cri_log_path())
+            .start()?;
+        node.lock().cri = Some(cri);
         let args = vec![
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
@@ -191,11 +187,6 @@ featureGates:
             "--v=2".into(),
             "--vmodule=dra_plugin_manager=4,dra_plugin=4,registration=4".into(),
         ];
-        // The kubelet dials the CRI socket at start: wait for it.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
         // The device-plugin socket path is fixed in the kubelet: give each kubelet its own.
         let device_plugins = PrivateMount {
             source: node.device_plugins_dir(),
@@ -354,7 +345,7 @@ featureGates:
         }
     }
 
-    /// Fails when the kubelet or the CRI double exited, or the deadline passed.
+    /// Fails when the kubelet exited, or the deadline passed.
     fn check_running(
         &self,
         timeout: Duration,
@@ -362,16 +353,16 @@ featureGates:
         waiting_for: &str,
     ) -> Result<(), E2eError> {
         let mut processes = self.lock();
-        let NodeProcesses { fakecri, kubelet } = &mut *processes;
-        for process in [fakecri.as_mut(), kubelet.as_mut()].into_iter().flatten() {
-            if let Some(status) = process.exited() {
-                return Err(E2eError::Exited {
-                    component: process.name().to_owned(),
-                    status,
-                    log: process.log_path().to_owned(),
-                    tail: process.log_tail(15),
-                });
-            }
+        let kubelet = &mut processes.kubelet;
+        if let Some(process) = kubelet.as_mut()
+            && let Some(status) = process.exited()
+        {
+            return Err(E2eError::Exited {
+                component: process.name().to_owned(),
+                status,
+                log: process.log_path().to_owned(),
+                tail: process.log_tail(15),
+            });
         }
         if Instant::now() > deadline
             && let Some(kubelet) = kubelet.as_ref()
@@ -409,9 +400,10 @@ featureGates:
 
     pub(crate) fn pids(&self) -> Vec<(String, u32)> {
         let processes = self.lock();
-        [&processes.fakecri, &processes.kubelet]
-            .into_iter()
-            .flatten()
+        // The CRI double runs in this process: it has no PID of its own.
+        processes
+            .kubelet
+            .iter()
             .filter_map(|process| Some((process.name().to_owned(), process.pid()?)))
             .collect()
     }
@@ -420,7 +412,7 @@ featureGates:
     pub(crate) fn stop(&self) {
         let mut processes = self.lock();
         processes.kubelet.take();
-        processes.fakecri.take();
+        processes.cri.take();
     }
 }
 
