@@ -800,8 +800,18 @@ fn consumable_capacity_is_shared_with_share_ids() {
     assert_eq!(share_id.len(), 36);
     assert_eq!(share_id.matches('-').count(), 4);
 
-    // Without a request the policy's default applies; the same device twice gets two shares.
-    let twice = gpu_claim("twice", json!({ "count": 2 }));
+    // Without a request the policy's default applies; two requests of one claim on the same
+    // device get two shares. One request does not take a shared device twice: kube-scheduler
+    // leaves `count: 2` of one shared device pending (recordings, scenario 41; this test
+    // expected two shares before).
+    let twice = self::claim(
+        "twice",
+        json!({ "requests": [
+            { "name": "gpu", "exactly": { "deviceClassName": DRIVER } },
+            { "name": "more", "exactly": { "deviceClassName": DRIVER } },
+        ] }),
+    );
+    let count_two = gpu_claim("count-two", json!({ "count": 2 }));
     let slices_without_queues = vec![slice(
         "s",
         NODE,
@@ -810,9 +820,12 @@ fn consumable_capacity_is_shared_with_share_ids() {
             "capacity": { "bandwidth": { "value": "10G", "requestPolicy": { "default": "1G", "validValues": ["1G", "2G"] } } },
         }]),
     )];
-    let allocation = Allocator::new(&slices_without_queues, &[gpu_class()], &[])
-        .allocate(&twice, NODE)
-        .unwrap();
+    let shared = Allocator::new(&slices_without_queues, &[gpu_class()], &[]);
+    assert!(matches!(
+        shared.allocate(&count_two, NODE),
+        Err(AllocationError::Unsatisfiable { .. })
+    ));
+    let allocation = shared.allocate(&twice, NODE).unwrap();
     let results = results(&allocation);
     assert_eq!(devices(&allocation), ["nic-0", "nic-0"]);
     assert_ne!(results[0].share_id, results[1].share_id);

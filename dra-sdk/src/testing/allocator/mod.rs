@@ -76,14 +76,16 @@
 //! - **Partitionable devices**: a device's `consumesCounters` must fit into its pool's counter
 //!   sets minus what allocated devices of the pool consume (counted once per device).
 //! - **Consumable capacity**: a device with `allowMultipleAllocations` can be allocated again (by
-//!   other claims and within the claim) while its capacities last. Each share gets a fresh
+//!   other claims and by other requests of the claim, but once per request, as kube-scheduler
+//!   does) while its capacities last. Each share gets a fresh
 //!   `shareID` and `consumedCapacity` lists every capacity: the requested amount rounded up per
 //!   the `requestPolicy` (`validRange` step, `validValues`), or the policy's `default`, or the
 //!   whole capacity when the request does not ask. Without sharing, requested capacity is only a
 //!   filter (the device must have that much).
 //! - **Result**: `results` in request order; `config` holds each request's class configs
 //!   (`source: FromClass`, each class once with the requests that use it) followed by the
-//!   claim's configs that apply to an allocated request (`FromClaim`), in claim order;
+//!   claim's configs that apply to an allocated request (`FromClaim`), in claim order, and is
+//!   left out when there are none;
 //!   `nodeSelector` is `metadata.name` of the node for node-local devices, the slices' node
 //!   selector requirements for others, or unset for `allNodes`. Binding conditions are copied;
 //!   `bindsToNode` pins the allocation to the node.
@@ -122,14 +124,25 @@
 //! The verdicts come from the same checks the search makes. [`Allocator::node_devices`] lists a
 //! node's devices with what holds them. `dractl explain` prints both.
 //!
+//! - **Extended resources**: [`extended_resource_claim`] makes the claim the scheduler makes for
+//!   a pod's `resources` (say `nvidia.com/gpu: 2`) that a DeviceClass serves; it is allocated
+//!   like any other.
+//!
+//! # Checked against kube-scheduler
+//! `tests/recordings_scheduler.rs` replays every scenario recorded on a real kube-scheduler
+//! (`shared/reference/recordings/scheduler/`) and compares each allocation; what it cannot
+//! compare is listed there with the reason.
+//!
 //! # Not modelled
-//! Scoring (the first fit wins), DeviceTaintRules, extended resources, binding condition
-//! timeouts and `allocationTimestamp`, and allocating several claims of a pod together: claims
-//! are allocated one at a time, each seeing the ones before it as allocated.
+//! Scoring (the first fit wins; which node of several that fit is up to the caller),
+//! DeviceTaintRules, binding condition timeouts and `allocationTimestamp`, and allocating
+//! several claims of a pod together: claims are allocated one at a time, each seeing the ones
+//! before it as allocated.
 
 mod api;
 mod cel;
 mod explain;
+mod extended;
 mod index;
 mod model;
 mod nodes;
@@ -149,6 +162,8 @@ pub use explain::{
     Explanation, Holder, NodeDevice, NodeDevices, NodeMismatch, RequestExplanation, SelectorOwner,
     SelectorRef, Verdict,
 };
+pub use extended::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, extended_resource_claim};
+pub use nodes::allocation_fits_node;
 
 use index::{HeldClaim, PoolData};
 

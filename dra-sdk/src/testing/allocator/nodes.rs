@@ -58,6 +58,29 @@ fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str
     }
 }
 
+/// Whether a claim allocated by the scheduler can be used on the node: its `nodeSelector`
+/// matches the node's name and labels, or it has none (devices available on all nodes). The
+/// scheduler only puts a pod whose claims are already allocated on such nodes.
+pub fn allocation_fits_node(
+    allocation: &k8s_openapi::api::resource::v1::AllocationResult,
+    node: &k8s_openapi::api::core::v1::Node,
+) -> bool {
+    let Some(selector) = &allocation.node_selector else {
+        return true;
+    };
+    // Decoded into the allocator's own shape, which is the same in every Kubernetes version;
+    // a selector that does not decode cannot have been written by the scheduler.
+    let Ok(selector) = super::model::decode::<NodeSelector>(selector) else {
+        return false;
+    };
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let view = NodeView {
+        name: node.metadata.name.as_deref().unwrap_or(""),
+        labels: &labels,
+    };
+    selector_matches(&selector, view)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

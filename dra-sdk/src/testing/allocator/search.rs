@@ -1125,7 +1125,15 @@ impl Search<'_> {
                 return Err(Unavailable::Allocated);
             }
         } else if device.multi {
-            if state.taken_by_others[candidate] {
+            // Other requests of the claim may share the device, but one request takes it only
+            // once: kube-scheduler leaves a claim asking `count: 2` of a single shared device
+            // pending (recorded: scenario 41).
+            let same_request = state.chosen.iter().any(|chosen| {
+                chosen.candidate == candidate
+                    && problem.slots[chosen.slot].alternatives[chosen.alternative].name
+                        == wanted.name
+            });
+            if state.taken_by_others[candidate] || same_request {
                 return Err(Unavailable::Allocated);
             }
         } else if state.held_by_others[candidate] || state.in_claim[candidate] > 0 {
@@ -1431,11 +1439,16 @@ impl Search<'_> {
             results.push(Value::Object(result));
         }
 
+        let mut devices = Map::new();
+        devices.insert("results".into(), Value::Array(results));
+        // An empty list is left out, as in what the scheduler writes (`omitempty`): a claim
+        // without configs has no `config` key (recorded: every scenario without one).
+        let configs = self.configs();
+        if !configs.is_empty() {
+            devices.insert("config".into(), Value::Array(configs));
+        }
         let mut allocation = Map::new();
-        allocation.insert(
-            "devices".into(),
-            json!({ "results": results, "config": self.configs() }),
-        );
+        allocation.insert("devices".into(), Value::Object(devices));
         if let Some(selector) = self.node_selector()? {
             allocation.insert("nodeSelector".into(), selector);
         }
@@ -1715,5 +1728,77 @@ mod tests {
             &toleration(Some("j"), Some("Exists"), None, None),
             &taint
         ));
+    }
+
+    fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// One shared GPU (80Gi, policy default 10Gi) on node-a and its class.
+    fn shared_gpu() -> crate::testing::allocator::Allocator {
+        let slice = from_json(json!({
+            "metadata": { "name": "node-a" },
+            "spec": {
+                "driver": "gpu.example.com", "nodeName": "node-a",
+                "pool": { "name": "node-a", "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{
+                    "name": "gpu-0",
+                    "allowMultipleAllocations": true,
+                    "capacity": { "memory": { "value": "80Gi", "requestPolicy": {
+                        "default": "10Gi", "validRange": { "min": "5Gi", "step": "5Gi" } } } },
+                }],
+            },
+        }));
+        let class = from_json(json!({
+            "metadata": { "name": "gpu" },
+            "spec": { "selectors": [{ "cel": { "expression": "device.driver == 'gpu.example.com'" } }] },
+        }));
+        crate::testing::allocator::Allocator::new(&[slice], &[class], &[])
+    }
+
+    fn gpu_requests(requests: Value) -> k8s_openapi::api::resource::v1::ResourceClaim {
+        from_json(json!({
+            "metadata": { "name": "c1", "namespace": "default" },
+            "spec": { "devices": { "requests": requests } },
+        }))
+    }
+
+    // Recorded (scenario 41): kube-scheduler leaves `count: 2` of a single shared device pending.
+    #[test]
+    fn one_request_takes_a_shared_device_once() {
+        let claim = gpu_requests(json!([
+            { "name": "gpu", "exactly": { "deviceClassName": "gpu", "count": 2 } },
+        ]));
+        let error = shared_gpu().allocate(&claim, "node-a").unwrap_err();
+        assert!(
+            matches!(error, AllocationError::Unsatisfiable { .. }),
+            "{error}"
+        );
+
+        // Two requests of one claim may still share it.
+        let claim = gpu_requests(json!([
+            { "name": "a", "exactly": { "deviceClassName": "gpu" } },
+            { "name": "b", "exactly": { "deviceClassName": "gpu" } },
+        ]));
+        let allocation = shared_gpu().allocate(&claim, "node-a").unwrap();
+        assert_eq!(
+            allocation
+                .devices
+                .unwrap()
+                .results
+                .unwrap_or_default()
+                .len(),
+            2
+        );
+    }
+
+    // Recorded (every scenario without configs): the scheduler writes no `config` key then.
+    #[test]
+    fn no_config_key_without_configs() {
+        let claim =
+            gpu_requests(json!([{ "name": "gpu", "exactly": { "deviceClassName": "gpu" } }]));
+        let allocation = shared_gpu().allocate(&claim, "node-a").unwrap();
+        let value = serde_json::to_value(&allocation).unwrap();
+        assert!(value["devices"].get("config").is_none(), "{value}");
     }
 }
