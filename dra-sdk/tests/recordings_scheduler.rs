@@ -209,7 +209,7 @@ impl<'a> Replay<'a> {
         &self,
         claims: &[(String, ResourceClaim)],
         node: &str,
-    ) -> Result<Vec<Placed>, (String, AllocationError)> {
+    ) -> Result<Vec<Placed>, (String, Box<AllocationError>)> {
         let mut trial = Replay {
             scenario: self.scenario,
             placed: self.placed.clone(),
@@ -220,7 +220,7 @@ impl<'a> Replay<'a> {
             let allocation = trial
                 .allocator()
                 .allocate(claim, node)
-                .map_err(|error| (name.clone(), error))?;
+                .map_err(|error| (name.clone(), Box::new(error)))?;
             let mut claim = claim.clone();
             let allocation = serde_json::to_value(&allocation).unwrap();
             let mut value = serde_json::to_value(&claim).unwrap();
@@ -324,7 +324,7 @@ fn check(scenario: &Scenario) -> Vec<String> {
                     claims: node_claims,
                     placed,
                 }),
-                Err((claim, error)) => failures.push((node_name, claim, error)),
+                Err((claim, error)) => failures.push((node_name, claim, *error)),
             }
         }
         let recorded_node = recorded["node"].as_str().map(str::to_owned);

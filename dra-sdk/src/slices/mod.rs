@@ -114,5 +114,5 @@ pub(crate) use publisher::SliceUpdater;
 pub use publisher::{
     Operation, PublishError, PublishEvent, PublishStats, PublisherHandle, ResourceSlicePublisher,
 };
-pub use validate::{FieldPath, Problem, ValidationError, ValidationErrors};
+pub use validate::{FieldPath, Problem, ValidationError, ValidationErrors, validate_driver_name};
 pub use wire::{FeatureGate, ResourceApiVersion};

@@ -81,12 +81,16 @@ pub(crate) fn dns_subdomain(s: &str) -> Rule {
     dns_subdomain_max(s, DNS_SUBDOMAIN_MAX)
 }
 
-/// A driver name: a DNS subdomain of at most 63 characters.
+/// A driver name: a DNS subdomain of at most 63 characters, upper case allowed.
+///
+/// The API server accepts upper case in `spec.driver` (kube-apiserver v1.36.2 answers
+/// `GPU.Example.com` with a warning, not an error), so the SDK does too; slice names are written
+/// in lower case ([`slice_name`]).
 pub(crate) fn driver_name(s: &str) -> Rule {
     if s.len() > DRIVER_NAME_MAX {
         return Err("must be at most 63 characters");
     }
-    dns_subdomain(s)
+    dns_subdomain(&s.to_ascii_lowercase())
 }
 
 /// A pool name: DNS subdomains joined by `/`, at most 253 characters.
@@ -256,6 +260,10 @@ mod tests {
         assert!(dns_subdomain("gpu..example.com").is_err());
         assert!(dns_subdomain("gpu.-example.com").is_err());
         assert!(driver_name(&format!("{}.com", "a".repeat(60))).is_err());
+        // Recorded: the real server accepts both (upper case with a warning).
+        assert!(driver_name("GPU.Example.com").is_ok());
+        assert!(driver_name("gpu").is_ok());
+        assert!(driver_name("gpu_0.example.com").is_err());
         assert!(pool_name("cluster/rack-1/node.a").is_ok());
         assert!(pool_name("cluster//x").is_err());
     }

@@ -98,6 +98,10 @@ pub enum Problem {
     /// Node selection is inconsistent (pool vs. device vs. publisher).
     #[error("{0}")]
     NodeSelection(&'static str),
+    /// Fields that depend on each other disagree (a capacity request policy and its capacity,
+    /// binding conditions without binding-failure conditions …).
+    #[error("{0}")]
+    Inconsistent(&'static str),
     /// The server's release does not know the field.
     #[error("needs Kubernetes {needs} or newer; the server runs {server}")]
     NeedsRelease {
@@ -158,6 +162,34 @@ impl ValidationErrors {
     }
 }
 
+/// Checks a driver name as the publisher does before it publishes anything: a DNS subdomain of
+/// at most 63 characters. Upper case is accepted, as the API server accepts it (with a
+/// warning); slice names are written in lower case.
+///
+/// ```
+/// use dra_sdk::slices::validate_driver_name;
+///
+/// assert!(validate_driver_name("gpu.example.com").is_ok());
+/// let errors = validate_driver_name(&format!("{}.com", "a".repeat(60))).unwrap_err();
+/// assert_eq!(errors.errors[0].path.field, "driver");
+/// ```
+pub fn validate_driver_name(driver: &str) -> Result<(), ValidationErrors> {
+    names::driver_name(driver).map_err(|reason| ValidationErrors {
+        errors: vec![ValidationError {
+            path: FieldPath {
+                pool: None,
+                device: None,
+                field: "driver".to_owned(),
+            },
+            problem: Problem::Invalid {
+                value: driver.to_owned(),
+                rule: "driver name (DNS subdomain of at most 63 characters)",
+                reason,
+            },
+        }],
+    })
+}
+
 impl DriverResources {
     /// Checks every pool against the limits of a release (use [`SliceLimits::strictest`]
     /// when the release is unknown).
@@ -209,6 +241,9 @@ fn release_note(limits: &SliceLimits) -> String {
 }
 
 const LIST_ATTRIBUTES_RELEASE: KubernetesVersion = KubernetesVersion::new(1, 36);
+
+/// Most entries of a capacity request policy's `validValues`.
+const MAX_VALID_REQUEST_VALUES: usize = 10;
 
 impl Validator<'_> {
     fn push(&mut self, device: Option<&str>, field: impl Into<String>, problem: Problem) {
@@ -337,7 +372,13 @@ impl Validator<'_> {
         let mut total_counters = 0;
         for set in &pool.shared_counters {
             let field = format!("sharedCounters[{:?}]", set.name);
-            self.rule(None, &field, &set.name, "DNS label", names::dns_label);
+            self.rule(
+                None,
+                format!("{field}.name"),
+                &set.name,
+                "DNS label",
+                names::dns_label,
+            );
             if counter_sets.contains_key(set.name.as_str()) {
                 self.push(
                     None,
@@ -470,7 +511,18 @@ impl Validator<'_> {
             self.rule(d, &field, name, "qualified name", names::qualified_name);
             self.quantity(d, format!("{field}.value"), &capacity.value);
             if let Some(policy) = &capacity.request_policy {
-                self.request_policy(d, &format!("{field}.requestPolicy"), policy);
+                let field = format!("{field}.requestPolicy");
+                if !device.allow_multiple_allocations {
+                    // Recorded: 422 Forbidden "allowMultipleAllocations must be true".
+                    self.push(
+                        d,
+                        &field,
+                        Problem::Inconsistent(
+                            "needs allowMultipleAllocations: only a device that can be allocated more than once takes capacity requests",
+                        ),
+                    );
+                }
+                self.request_policy(d, &field, &capacity.value, policy);
             }
         }
 
@@ -611,7 +663,31 @@ impl Validator<'_> {
             }
         }
 
-        // Binding conditions.
+        // Binding conditions: the scheduler needs a failure condition for every device that
+        // waits on one (recorded: 422 "bindingFailureConditions are required to use
+        // bindingConditions"), and failure conditions alone mean nothing.
+        for (field, present, other) in [
+            (
+                "bindingFailureConditions",
+                &device.binding_failure_conditions,
+                &device.binding_conditions,
+            ),
+            (
+                "bindingConditions",
+                &device.binding_conditions,
+                &device.binding_failure_conditions,
+            ),
+        ] {
+            if present.is_empty() && !other.is_empty() {
+                self.push(
+                    d,
+                    field,
+                    Problem::Inconsistent(
+                        "is required: bindingConditions and bindingFailureConditions go together",
+                    ),
+                );
+            }
+        }
         for (field, conditions) in [
             ("bindingConditions", &device.binding_conditions),
             (
@@ -717,27 +793,148 @@ impl Validator<'_> {
         }
     }
 
-    fn request_policy(&mut self, d: Option<&str>, field: &str, policy: &CapacityRequestPolicy) {
+    fn request_policy(
+        &mut self,
+        d: Option<&str>,
+        field: &str,
+        capacity: &Quantity,
+        policy: &CapacityRequestPolicy,
+    ) {
         if let Some(default) = &policy.default {
             self.quantity(d, format!("{field}.default"), default);
         }
+        // The relations between default, valid values and capacity, as kube-apiserver 1.36
+        // checks them (recorded in the API server corpus). Unparsable quantities are reported
+        // above; they take no part in comparisons.
+        let value = |q: &Quantity| quantity::nanos(&q.0);
+        let capacity = value(capacity);
+        let default = policy.default.as_ref().and_then(value);
+        let default_field = format!("{field}.default");
         match &policy.valid {
             None => {}
             Some(ValidRequestValues::Values(values)) => {
+                let values_field = format!("{field}.validValues");
                 if values.is_empty() {
-                    self.push(d, format!("{field}.validValues"), Problem::Empty);
+                    self.push(d, &values_field, Problem::Empty);
                 }
-                for (i, value) in values.iter().enumerate() {
-                    self.quantity(d, format!("{field}.validValues[{i}]"), value);
+                self.count(
+                    d,
+                    &values_field,
+                    values.len(),
+                    MAX_VALID_REQUEST_VALUES,
+                    "valid values",
+                    false,
+                );
+                if policy.default.is_none() {
+                    self.push(
+                        d,
+                        &default_field,
+                        Problem::Inconsistent("is required when validValues are set"),
+                    );
+                }
+                let mut previous = None;
+                for (i, quantity) in values.iter().enumerate() {
+                    let item_field = format!("{values_field}[{i}]");
+                    self.quantity(d, &item_field, quantity);
+                    let Some(current) = value(quantity) else {
+                        continue;
+                    };
+                    if previous.is_some_and(|previous| previous >= current) {
+                        self.push(
+                            d,
+                            &item_field,
+                            Problem::Inconsistent("values must be sorted in ascending order"),
+                        );
+                    }
+                    if capacity.is_some_and(|capacity| current > capacity) {
+                        self.push(
+                            d,
+                            &item_field,
+                            Problem::Inconsistent("is larger than the capacity's value"),
+                        );
+                    }
+                    previous = Some(current);
+                }
+                if let Some(default) = default
+                    && values.len() <= MAX_VALID_REQUEST_VALUES
+                    && !values.iter().any(|v| value(v) == Some(default))
+                {
+                    self.push(
+                        d,
+                        &values_field,
+                        Problem::Inconsistent("must contain the default"),
+                    );
                 }
             }
             Some(ValidRequestValues::Range { min, max, step }) => {
-                self.quantity(d, format!("{field}.validRange.min"), min);
+                let range_field = format!("{field}.validRange");
+                self.quantity(d, format!("{range_field}.min"), min);
                 if let Some(max) = max {
-                    self.quantity(d, format!("{field}.validRange.max"), max);
+                    self.quantity(d, format!("{range_field}.max"), max);
                 }
                 if let Some(step) = step {
-                    self.quantity(d, format!("{field}.validRange.step"), step);
+                    self.quantity(d, format!("{range_field}.step"), step);
+                }
+                if policy.default.is_none() {
+                    self.push(
+                        d,
+                        &default_field,
+                        Problem::Inconsistent("is required when validRange is set"),
+                    );
+                }
+                let min = value(min);
+                let max = max.as_ref().and_then(value);
+                let step = step.as_ref().and_then(value);
+                let above = |a: Option<i128>, b: Option<i128>| a.zip(b).is_some_and(|(a, b)| a > b);
+                if above(min, capacity) {
+                    self.push(
+                        d,
+                        format!("{range_field}.min"),
+                        Problem::Inconsistent("is larger than the capacity's value"),
+                    );
+                }
+                if above(min, max) {
+                    self.push(
+                        d,
+                        format!("{range_field}.max"),
+                        Problem::Inconsistent("is smaller than min"),
+                    );
+                }
+                if above(max, capacity) {
+                    self.push(
+                        d,
+                        format!("{range_field}.max"),
+                        Problem::Inconsistent("is larger than the capacity's value"),
+                    );
+                }
+                if above(min, default) || above(default, max) {
+                    self.push(
+                        d,
+                        &default_field,
+                        Problem::Inconsistent("must lie within validRange"),
+                    );
+                }
+                if let Some(step) = step {
+                    if step <= 0 {
+                        self.push(
+                            d,
+                            format!("{range_field}.step"),
+                            Problem::Inconsistent("must be positive"),
+                        );
+                    } else if let Some(min) = min
+                        && [default, max]
+                            .into_iter()
+                            .flatten()
+                            .any(|v| (v - min) % step != 0)
+                    {
+                        self.push(
+                            d,
+                            format!("{range_field}.step"),
+                            Problem::Inconsistent(
+                                "default and max must be min plus a multiple of step",
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -807,6 +1004,14 @@ mod tests {
         assert!(found.contains(
             &r#"pool "pool-a", sharedCounters: "gpu" is used more than once"#.to_owned()
         ));
+        // Recorded: the real server names the set's `name` field.
+        let bad = Pool::new([]).counter_set(CounterSet::new("Set_0", [("memory", "1")]));
+        assert_eq!(
+            problems(&bad, &SliceLimits::strictest()),
+            vec![
+                r#"pool "pool-a", sharedCounters["Set_0"].name: "Set_0" is not a valid DNS label: may contain only lower-case letters, digits and '-'"#
+            ]
+        );
         assert!(found.contains(&r#"pool "pool-a", device "a", consumesCounters["missing"].counterSet: refers to counter set "missing", which the pool does not define"#.to_owned()));
         assert!(found.contains(&r#"pool "pool-a", device "b", consumesCounters["gpu"].counters["cores"]: refers to counter "cores", which counter set "gpu" does not define"#.to_owned()));
     }
@@ -894,6 +1099,97 @@ mod tests {
         let pool = Pool::new([Device::new("a")])
             .node_selection(PoolNodeSelection::NodeSelector(NodeSelector::default()));
         assert!(problems(&pool, &SliceLimits::strictest())[0].contains("nodeSelectorTerms"));
+    }
+
+    /// The rules kube-apiserver 1.36 enforces between fields (each recorded in the API server
+    /// corpus; `tests/recordings_apiserver.rs` replays the cases).
+    #[test]
+    fn binding_conditions_need_failure_conditions() {
+        let device = Device::new("d").binding_condition("example.com/ready");
+        assert_eq!(
+            problems(&Pool::new([device]), &SliceLimits::strictest()),
+            vec![
+                r#"pool "pool-a", device "d", bindingFailureConditions: is required: bindingConditions and bindingFailureConditions go together"#
+            ]
+        );
+        let device = Device::new("d")
+            .binding_condition("example.com/ready")
+            .binding_failure_condition("example.com/failed");
+        assert!(problems(&Pool::new([device]), &SliceLimits::strictest()).is_empty());
+        // bindsToNode alone is accepted (recorded).
+        let device = Device::new("d").binds_to_node(true);
+        assert!(problems(&Pool::new([device]), &SliceLimits::strictest()).is_empty());
+    }
+
+    #[test]
+    fn capacity_request_policies() {
+        let limits = SliceLimits::strictest();
+        let with = |value: &str, policy: CapacityRequestPolicy, multiple: bool| {
+            let device = Device::new("d")
+                .capacity(
+                    "memory",
+                    DeviceCapacity::new(value).with_request_policy(policy),
+                )
+                .allow_multiple_allocations(multiple);
+            problems(&Pool::new([device]), &limits)
+        };
+        let field = r#"pool "pool-a", device "d", capacity["memory"].requestPolicy"#;
+        // Recorded accepted: a range with default, min, max and step.
+        let ok = CapacityRequestPolicy::with_default("10Gi").valid_range(
+            "5Gi",
+            Some("80Gi"),
+            Some("5Gi"),
+        );
+        assert!(with("80Gi", ok.clone(), true).is_empty());
+        assert_eq!(
+            with("80Gi", ok, false),
+            vec![format!(
+                "{field}: needs allowMultipleAllocations: only a device that can be allocated more than once takes capacity requests"
+            )]
+        );
+        let step = CapacityRequestPolicy::with_default("7Gi").valid_range("5Gi", None, Some("5Gi"));
+        assert_eq!(
+            with("80Gi", step, true),
+            vec![format!(
+                "{field}.validRange.step: default and max must be min plus a multiple of step"
+            )]
+        );
+        let max =
+            CapacityRequestPolicy::with_default("10Gi").valid_range("5Gi", Some("100Gi"), None);
+        assert_eq!(
+            with("80Gi", max, true),
+            vec![format!(
+                "{field}.validRange.max: is larger than the capacity's value"
+            )]
+        );
+        let mut no_default = CapacityRequestPolicy::default().valid_range("5Gi", None, None);
+        no_default.default = None;
+        assert_eq!(
+            with("80Gi", no_default, true),
+            vec![format!(
+                "{field}.default: is required when validRange is set"
+            )]
+        );
+        let unsorted = CapacityRequestPolicy::with_default("2").valid_values(["2", "1", "4"]);
+        assert_eq!(
+            with("8", unsorted, true),
+            vec![format!(
+                "{field}.validValues[1]: values must be sorted in ascending order"
+            )]
+        );
+        let missing = CapacityRequestPolicy::with_default("3").valid_values(["1", "2", "4"]);
+        assert_eq!(
+            with("8", missing, true),
+            vec![format!("{field}.validValues: must contain the default")]
+        );
+        let eleven =
+            CapacityRequestPolicy::with_default("1").valid_values((1..=11).map(|i| i.to_string()));
+        assert_eq!(
+            with("16", eleven, true),
+            vec![format!(
+                "{field}.validValues: has 11 valid values; at most 10 are allowed"
+            )]
+        );
     }
 
     #[test]

@@ -107,6 +107,10 @@ impl Reconciler {
             driver: self.driver.clone(),
             reason,
         })?;
+        if self.driver.bytes().any(|b| b.is_ascii_uppercase()) {
+            // The API server takes it, with the same warning on every write.
+            warn!(driver = %self.driver, "driver names should be lower case");
+        }
         if let Some(node) = &self.node {
             names::dns_subdomain(node).map_err(|reason| PublishError::InvalidNodeName {
                 node: node.clone(),

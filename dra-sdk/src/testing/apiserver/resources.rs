@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::object::{FieldError, lookup};
+use crate::slices::names;
 
 /// How a kind treats its `status` stanza.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,11 +316,47 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
     {
         errors.push(FieldError::required("spec.driver"));
     }
-    if lookup(obj, "spec.pool.name")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
+    if let Some(driver) = lookup(obj, "spec.driver").and_then(Value::as_str)
+        && !driver.is_empty()
+        && let Err(reason) = names::driver_name(driver)
     {
-        errors.push(FieldError::required("spec.pool.name"));
+        errors.push(if driver.len() > names::DRIVER_NAME_MAX {
+            too_long_by("spec.driver", names::DRIVER_NAME_MAX)
+        } else {
+            FieldError::invalid("spec.driver", &Value::from(driver), reason)
+        });
+    }
+    match lookup(obj, "spec.pool.name").and_then(Value::as_str) {
+        None | Some("") => errors.push(FieldError::required("spec.pool.name")),
+        Some(pool) if pool.len() > names::POOL_NAME_MAX => {
+            errors.push(too_long_by("spec.pool.name", names::POOL_NAME_MAX));
+        }
+        Some(pool) => {
+            if let Err(reason) = names::pool_name(pool) {
+                errors.push(FieldError::invalid(
+                    "spec.pool.name",
+                    &Value::from(pool),
+                    reason,
+                ));
+            }
+        }
+    }
+    if lookup(obj, "spec.perDeviceNodeSelection") == Some(&Value::Bool(false)) {
+        errors.push(FieldError::invalid(
+            "spec.perDeviceNodeSelection",
+            &Value::Bool(false),
+            "must be either unset or set to true",
+        ));
+    }
+    if let Some(terms) =
+        lookup(obj, "spec.nodeSelector.nodeSelectorTerms").and_then(Value::as_array)
+        && terms.len() != 1
+    {
+        errors.push(FieldError::invalid(
+            "spec.nodeSelector.nodeSelectorTerms",
+            &Value::from(terms.len()),
+            "must have exactly one node selector term",
+        ));
     }
     match lookup(obj, "spec.pool.resourceSliceCount").and_then(Value::as_i64) {
         Some(count) if count > 0 => {}
@@ -361,6 +398,8 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         });
     }
     if let Some(devices) = lookup(obj, "spec.devices").and_then(Value::as_array) {
+        // v1beta1 keeps everything but a device's name in `basic`; the rules are the same.
+        let devices: Vec<Value> = devices.iter().map(without_basic).collect();
         let advanced = devices.iter().any(|d| {
             lookup(d, "taints").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
                 || lookup(d, "consumesCounters")
@@ -378,25 +417,31 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
                 ),
             });
         }
+        let per_device = lookup(obj, "spec.perDeviceNodeSelection") == Some(&Value::Bool(true));
         let mut seen = std::collections::BTreeSet::new();
         for (index, device) in devices.iter().enumerate() {
-            validate_device_attributes(&format!("spec.devices[{index}]"), device, &mut errors);
+            let path = format!("spec.devices[{index}]");
+            validate_device_attributes(&path, device, &mut errors);
+            validate_device(&path, device, per_device, &mut errors);
             match lookup(device, "name").and_then(Value::as_str) {
-                None | Some("") => {
-                    errors.push(FieldError::required(&format!("spec.devices[{index}].name")))
-                }
+                None | Some("") => errors.push(FieldError::required(&format!("{path}.name"))),
                 Some(name) => {
+                    if let Err(reason) = names::dns_label(name) {
+                        errors.push(FieldError::invalid(
+                            &format!("{path}.name"),
+                            &Value::from(name),
+                            reason,
+                        ));
+                    }
                     if !seen.insert(name) {
-                        errors.push(FieldError {
-                            field: format!("spec.devices[{index}].name"),
-                            reason: "FieldValueDuplicate",
-                            message: format!("Duplicate value: \"{name}\""),
-                        });
+                        // Recorded: the real server names the entry, not its name field.
+                        errors.push(duplicate(&path, name));
                     }
                 }
             }
         }
     }
+    validate_shared_counters(obj, &mut errors);
     if lookup(obj, "spec.sharedCounters")
         .and_then(Value::as_array)
         .is_some_and(|c| !c.is_empty())
@@ -411,6 +456,281 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         });
     }
     errors
+}
+
+/// A v1beta1 device (`{name, basic: {...}}`) in the v1 shape; v1 devices unchanged.
+fn without_basic(device: &Value) -> Value {
+    match (device.get("basic"), device.get("name")) {
+        (Some(Value::Object(basic)), name) => {
+            let mut out = basic.clone();
+            if let Some(name) = name {
+                out.insert("name".to_owned(), name.clone());
+            }
+            Value::Object(out)
+        }
+        _ => device.clone(),
+    }
+}
+
+/// Most attributes and capacities together, taints, binding (failure) conditions, counter
+/// consumptions per device, counter sets per slice and counters per set or consumption, as in
+/// 1.36 (recorded in the API server corpus).
+const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+const MAX_TAINTS: usize = 16;
+const MAX_BINDING_CONDITIONS: usize = 4;
+const MAX_CONSUMPTIONS: usize = 2;
+const MAX_COUNTER_SETS: usize = 8;
+const MAX_COUNTERS: usize = 32;
+const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "NoExecute", "None"];
+
+fn too_many(field: &str, count: usize, max: usize) -> Option<FieldError> {
+    (count > max).then(|| FieldError {
+        field: field.to_owned(),
+        reason: "FieldValueTooMany",
+        message: format!("Too many: {count}: must have at most {max} items"),
+    })
+}
+
+fn duplicate(field: &str, value: &str) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        reason: "FieldValueDuplicate",
+        message: format!("Duplicate value: \"{value}\""),
+    }
+}
+
+fn too_long_by(field: &str, max: usize) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        reason: "FieldValueTooLong",
+        message: format!("Too long: may not be more than {max} bytes"),
+    }
+}
+
+fn array<'a>(value: &'a Value, path: &str) -> &'a [Value] {
+    lookup(value, path)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+fn object_keys<'a>(value: &'a Value, path: &str) -> Vec<&'a str> {
+    lookup(value, path)
+        .and_then(Value::as_object)
+        .map(|map| map.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The per-device rules of 1.36 beyond attribute values: names of attributes and capacities,
+/// their number, taints, binding conditions, counter consumption and per-device node
+/// selection. The name rules are the SDK's own (`slices::names`), which the recordings check.
+fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Vec<FieldError>) {
+    let attributes = object_keys(device, "attributes");
+    let capacities = object_keys(device, "capacity");
+    let total = attributes.len() + capacities.len();
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES {
+        errors.push(FieldError::invalid(
+            path,
+            &Value::from(total),
+            &format!(
+                "the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}"
+            ),
+        ));
+    }
+    for (map, names_in_map) in [("attributes", &attributes), ("capacity", &capacities)] {
+        for name in names_in_map.iter() {
+            if let Err(reason) = names::qualified_name(name) {
+                errors.push(FieldError::invalid(
+                    &format!("{path}.{map}"),
+                    &Value::from(*name),
+                    reason,
+                ));
+            }
+        }
+    }
+    for name in &attributes {
+        if let Some(version) = lookup(device, "attributes")
+            .and_then(|a| a.get(*name))
+            .and_then(|a| a.get("version"))
+            .and_then(Value::as_str)
+            && let Err(reason) = names::semver(version)
+        {
+            errors.push(FieldError::invalid(
+                &format!("{path}.attributes[{name}].version"),
+                &Value::from(version),
+                reason,
+            ));
+        }
+    }
+
+    let taints = array(device, "taints");
+    errors.extend(too_many(
+        &format!("{path}.taints"),
+        taints.len(),
+        MAX_TAINTS,
+    ));
+    for (i, taint) in taints.iter().enumerate() {
+        let field = format!("{path}.taints[{i}]");
+        let text = |key: &str| taint.get(key).and_then(Value::as_str);
+        if let Some(key) = text("key")
+            && let Err(reason) = names::label_key(key)
+        {
+            errors.push(FieldError::invalid(
+                &format!("{field}.key"),
+                &Value::from(key),
+                reason,
+            ));
+        }
+        if let Some(value) = text("value")
+            && let Err(reason) = names::label_value(value)
+        {
+            errors.push(FieldError::invalid(
+                &format!("{field}.value"),
+                &Value::from(value),
+                reason,
+            ));
+        }
+        match text("effect") {
+            None | Some("") => errors.push(FieldError::required(&format!("{field}.effect"))),
+            Some(effect) if !TAINT_EFFECTS.contains(&effect) => errors.push(FieldError {
+                field: format!("{field}.effect"),
+                reason: "FieldValueNotSupported",
+                message: format!(
+                    "Unsupported value: \"{effect}\": supported values: \"NoExecute\", \"NoSchedule\", \"None\""
+                ),
+            }),
+            Some(_) => {}
+        }
+    }
+
+    let conditions = array(device, "bindingConditions");
+    let failures = array(device, "bindingFailureConditions");
+    for (name, list, other, other_name) in [
+        (
+            "bindingConditions",
+            conditions,
+            failures,
+            "bindingFailureConditions",
+        ),
+        (
+            "bindingFailureConditions",
+            failures,
+            conditions,
+            "bindingConditions",
+        ),
+    ] {
+        let field = format!("{path}.{name}");
+        errors.extend(too_many(&field, list.len(), MAX_BINDING_CONDITIONS));
+        for (i, condition) in list.iter().enumerate() {
+            if let Some(condition) = condition.as_str()
+                && let Err(reason) = names::label_key(condition)
+            {
+                errors.push(FieldError::invalid(
+                    &format!("{field}[{i}]"),
+                    &Value::from(condition),
+                    reason,
+                ));
+            }
+        }
+        if list.is_empty() && !other.is_empty() {
+            errors.push(FieldError::invalid(
+                &field,
+                &Value::Null,
+                &format!("{name} are required to use {other_name}"),
+            ));
+        }
+    }
+
+    let consumptions = array(device, "consumesCounters");
+    errors.extend(too_many(
+        &format!("{path}.consumesCounters"),
+        consumptions.len(),
+        MAX_CONSUMPTIONS,
+    ));
+    let mut sets = std::collections::BTreeSet::new();
+    for (i, consumption) in consumptions.iter().enumerate() {
+        let field = format!("{path}.consumesCounters[{i}]");
+        let set = consumption
+            .get("counterSet")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !sets.insert(set) {
+            errors.push(duplicate(&field, set));
+        }
+        let counters = object_keys(consumption, "counters").len();
+        errors.extend(too_many(
+            &format!("{field}.counters"),
+            counters,
+            MAX_COUNTERS,
+        ));
+    }
+
+    let selections = ["nodeName", "nodeSelector", "allNodes"]
+        .iter()
+        .filter(|key| {
+            device
+                .get(**key)
+                .is_some_and(|v| !v.is_null() && v != &Value::Bool(false))
+        })
+        .count();
+    match (per_device, selections) {
+        (true, 0) => errors.push(FieldError {
+            field: path.to_owned(),
+            reason: "FieldValueRequired",
+            message: "Required value: exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` is set to true in the ResourceSlice spec".into(),
+        }),
+        (true, 1) | (false, 0) => {}
+        (true, _) => errors.push(FieldError::invalid(
+            path,
+            &Value::Null,
+            "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when `perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+        )),
+        (false, _) => errors.push(FieldError::invalid(
+            path,
+            &Value::Null,
+            "`nodeName`, `nodeSelector` and `allNodes` can only be set if `perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+        )),
+    }
+}
+
+/// `spec.sharedCounters`: at most 8 sets with DNS-label names, unique, each with 1 to 32
+/// counters whose names are DNS labels.
+fn validate_shared_counters(obj: &Value, errors: &mut Vec<FieldError>) {
+    let sets = array(obj, "spec.sharedCounters");
+    errors.extend(too_many(
+        "spec.sharedCounters",
+        sets.len(),
+        MAX_COUNTER_SETS,
+    ));
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, set) in sets.iter().enumerate() {
+        let field = format!("spec.sharedCounters[{i}]");
+        let name = set.get("name").and_then(Value::as_str).unwrap_or_default();
+        if let Err(reason) = names::dns_label(name) {
+            errors.push(FieldError::invalid(
+                &format!("{field}.name"),
+                &Value::from(name),
+                reason,
+            ));
+        }
+        if !seen.insert(name) {
+            errors.push(duplicate(&field, name));
+        }
+        let counters = object_keys(set, "counters");
+        let counters_field = format!("{field}.counters");
+        if counters.is_empty() {
+            errors.push(FieldError::required(&counters_field));
+        }
+        errors.extend(too_many(&counters_field, counters.len(), MAX_COUNTERS));
+        for counter in counters {
+            if let Err(reason) = names::dns_label(counter) {
+                errors.push(FieldError::invalid(
+                    &counters_field,
+                    &Value::from(counter),
+                    reason,
+                ));
+            }
+        }
+    }
 }
 
 /// The `status.devices` rules of a real 1.36 server (KEP-4817): every entry names an allocated
@@ -640,7 +960,8 @@ mod tests {
                 "spec.driver",
                 "spec.pool.resourceSliceCount",
                 "spec",
-                "spec.devices[1].name"
+                // Recorded: the real server names the duplicate entry, not its name.
+                "spec.devices[1]"
             ]
         );
     }
@@ -720,6 +1041,72 @@ mod tests {
         };
         assert!(fields(&with_devices(devices(false))).is_empty());
         assert_eq!(fields(&with_devices(devices(true))), ["spec.devices"]);
+    }
+
+    /// Rules added from the API server recordings (`tests/recordings_apiserver.rs` replays
+    /// them all); each field is the one the real server named.
+    #[test]
+    fn device_rules_follow_the_recordings() {
+        let device = json!({
+            "name": "GPU_0",
+            "attributes": {"my-attr": {"int": 1}, "v": {"version": "1.2"}},
+            "capacity": {"Mem-ory": {"value": "1"}},
+            "taints": [{"key": "bad key", "effect": "NoSchedule"}, {"key": "k", "effect": "PreferNoSchedule"}, {"key": "k2"}],
+            "bindingConditions": ["example.com/ready"],
+            "consumesCounters": [{"counterSet": "s", "counters": {"c": {"value": "1"}}}, {"counterSet": "s", "counters": {"c": {"value": "1"}}}],
+            "nodeName": "n1",
+        });
+        assert_eq!(
+            fields(&with_devices(vec![device])),
+            [
+                "spec.devices[0].attributes",
+                "spec.devices[0].capacity",
+                "spec.devices[0].attributes[v].version",
+                "spec.devices[0].taints[0].key",
+                "spec.devices[0].taints[1].effect",
+                "spec.devices[0].taints[2].effect",
+                "spec.devices[0].bindingFailureConditions",
+                "spec.devices[0].consumesCounters[1]",
+                "spec.devices[0]",
+                "spec.devices[0].name",
+            ]
+        );
+    }
+
+    #[test]
+    fn v1beta1_devices_are_read_inside_basic() {
+        let devices: Vec<Value> = (0..65)
+            .map(|i| {
+                let mut basic = json!({});
+                if i == 0 {
+                    basic = json!({"consumesCounters": [{"counterSet": "s", "counters": {"c": {"value": "1"}}}]});
+                }
+                json!({"name": format!("d{i}"), "basic": basic})
+            })
+            .collect();
+        assert_eq!(fields(&with_devices(devices)), ["spec.devices"]);
+    }
+
+    #[test]
+    fn shared_counter_rules() {
+        let obj = slice(json!({
+            "driver": "gpu.example.com", "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+            "sharedCounters": [
+                {"name": "Set_0", "counters": {"Mem_ory": {"value": "1"}}},
+                {"name": "s", "counters": {}},
+                {"name": "s", "counters": {"c": {"value": "1"}}},
+            ],
+        }));
+        assert_eq!(
+            fields(&obj),
+            [
+                "spec.sharedCounters[0].name",
+                "spec.sharedCounters[0].counters",
+                "spec.sharedCounters[1].counters",
+                "spec.sharedCounters[2]",
+            ]
+        );
     }
 
     #[test]
