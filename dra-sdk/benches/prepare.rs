@@ -19,7 +19,7 @@ use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::rate_limit::RateLimitLayer;
 use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
+use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use tokio::runtime::Runtime;
 
@@ -92,11 +92,8 @@ impl Bench {
                     .build()
             }
         };
-        let plugin = KubeletPlugin::builder(EnvDriver::default(), DRIVER, NODE_NAME, client)
-            .registrar_dir(cluster.registrar_dir())
-            .plugins_dir(cluster.plugins_dir())
-            .cdi_root(cluster.cdi_root())
-            .boot_id(BOOT_ID)
+        let plugin = cluster
+            .plugin_with_client(EnvDriver::default(), DRIVER, client)
             .start()
             .await
             .expect("plugin");

@@ -372,10 +372,9 @@ mod tests {
         use crate::cdi::ContainerEdits;
         use crate::context::RecordedClaim;
         use crate::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
-        use crate::plugin::KubeletPlugin;
         use crate::rate_limit::ApiBudget;
         use crate::testing::claims::AllocatedClaim;
-        use crate::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
+        use crate::testing::cluster::{NODE_NAME, TestCluster, claim_ref};
         use crate::testing::kubelet::KubeletVersion;
 
         struct Echo;
@@ -409,11 +408,8 @@ mod tests {
             .unwrap()
             .with_layer(&layer)
             .build();
-        let plugin = KubeletPlugin::builder(Echo, "echo.example.com", NODE_NAME, client)
-            .registrar_dir(cluster.registrar_dir())
-            .plugins_dir(cluster.plugins_dir())
-            .cdi_root(cluster.cdi_root())
-            .boot_id(BOOT_ID)
+        let plugin = cluster
+            .plugin_with_client(Echo, "echo.example.com", client)
             .start()
             .await
             .unwrap();

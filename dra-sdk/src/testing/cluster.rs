@@ -244,7 +244,19 @@ impl TestCluster {
 
     /// A plugin builder wired to this cluster: its API server, directories and boot ID.
     pub fn plugin<D: Driver>(&self, driver: D, driver_name: &str) -> PluginBuilder<D> {
-        KubeletPlugin::builder(driver, driver_name, NODE_NAME, self.client())
+        self.plugin_with_client(driver, driver_name, self.client())
+    }
+
+    /// Like [`plugin`](Self::plugin), with an API client of the caller's: one built as a
+    /// shipped plugin builds it (`PluginArgs::kube_client`, rate limits included), say, from a
+    /// kubeconfig the fake API server wrote.
+    pub fn plugin_with_client<D: Driver>(
+        &self,
+        driver: D,
+        driver_name: &str,
+        client: kube::Client,
+    ) -> PluginBuilder<D> {
+        KubeletPlugin::builder(driver, driver_name, NODE_NAME, client)
             .registrar_dir(self.registrar_dir())
             .plugins_dir(self.plugins_dir())
             .cdi_root(self.cdi_root())
