@@ -55,8 +55,10 @@
 //! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
 //! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
-//! - [`rate_limit`]: the client-side limit of API requests (`--kube-api-qps`/`--kube-api-burst`);
-//! - [`testing`]: a fake API server and a kubelet simulator (feature `testing`);
+//! - [`rate_limit`]: the client-side limits of API requests (`--kube-api-qps`/`--kube-api-burst`
+//!   for background work; prepares' claim reads have a budget of their own);
+//! - [`testing`]: a fake API server, a kubelet simulator, a CRI double and the e2e harness
+//!   (feature `testing`);
 //! - [`advanced`]: the generated gRPC bindings, the `:authority` rewriter and the socket
 //!   helpers, for tools that speak the kubelet's protocols themselves.
 #![deny(missing_docs)]
