@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::object::{FieldError, lookup};
-use crate::slices::names;
+use crate::slices::{KubernetesVersion, SliceLimits, names};
 
 /// How a kind treats its `status` stanza.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,6 +304,7 @@ impl ResourceType {
 /// Validation a real server does on ResourceSlices that a buggy publisher could trip
 /// (a subset of `ValidateResourceSlice` for 1.36; see kubelet-wire.md §3.2 and §3.4).
 fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
+    let limits = limits();
     let mut errors = Vec::new();
     let spec = lookup(obj, "spec");
     if spec.is_none() {
@@ -422,7 +423,7 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         for (index, device) in devices.iter().enumerate() {
             let path = format!("spec.devices[{index}]");
             validate_device_attributes(&path, device, &mut errors);
-            validate_device(&path, device, per_device, &mut errors);
+            validate_device(&path, device, per_device, &limits, &mut errors);
             match lookup(device, "name").and_then(Value::as_str) {
                 None | Some("") => errors.push(FieldError::required(&format!("{path}.name"))),
                 Some(name) => {
@@ -441,7 +442,7 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
             }
         }
     }
-    validate_shared_counters(obj, &mut errors);
+    validate_shared_counters(obj, &limits, &mut errors);
     if lookup(obj, "spec.sharedCounters")
         .and_then(Value::as_array)
         .is_some_and(|c| !c.is_empty())
@@ -472,15 +473,12 @@ fn without_basic(device: &Value) -> Value {
     }
 }
 
-/// Most attributes and capacities together, taints, binding (failure) conditions, counter
-/// consumptions per device, counter sets per slice and counters per set or consumption, as in
-/// 1.36 (recorded in the API server corpus).
-const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
-const MAX_TAINTS: usize = 16;
-const MAX_BINDING_CONDITIONS: usize = 4;
-const MAX_CONSUMPTIONS: usize = 2;
-const MAX_COUNTER_SETS: usize = 8;
-const MAX_COUNTERS: usize = 32;
+/// The per-object limits the fake enforces: the SDK's for 1.36, which the recorded API server
+/// corpus checks (`tests/recordings_apiserver.rs`).
+fn limits() -> SliceLimits {
+    SliceLimits::for_release(KubernetesVersion::new(1, 36))
+}
+
 const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "NoExecute", "None"];
 
 fn too_many(field: &str, count: usize, max: usize) -> Option<FieldError> {
@@ -523,16 +521,23 @@ fn object_keys<'a>(value: &'a Value, path: &str) -> Vec<&'a str> {
 /// The per-device rules of 1.36 beyond attribute values: names of attributes and capacities,
 /// their number, taints, binding conditions, counter consumption and per-device node
 /// selection. The name rules are the SDK's own (`slices::names`), which the recordings check.
-fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Vec<FieldError>) {
+fn validate_device(
+    path: &str,
+    device: &Value,
+    per_device: bool,
+    limits: &SliceLimits,
+    errors: &mut Vec<FieldError>,
+) {
     let attributes = object_keys(device, "attributes");
     let capacities = object_keys(device, "capacity");
     let total = attributes.len() + capacities.len();
-    if total > MAX_ATTRIBUTES_AND_CAPACITIES {
+    if total > limits.max_attributes_and_capacities {
         errors.push(FieldError::invalid(
             path,
             &Value::from(total),
             &format!(
-                "the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}"
+                "the total number of attributes and capacities must not exceed {}",
+                limits.max_attributes_and_capacities
             ),
         ));
     }
@@ -566,7 +571,7 @@ fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Ve
     errors.extend(too_many(
         &format!("{path}.taints"),
         taints.len(),
-        MAX_TAINTS,
+        limits.max_taints_per_device,
     ));
     for (i, taint) in taints.iter().enumerate() {
         let field = format!("{path}.taints[{i}]");
@@ -619,7 +624,7 @@ fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Ve
         ),
     ] {
         let field = format!("{path}.{name}");
-        errors.extend(too_many(&field, list.len(), MAX_BINDING_CONDITIONS));
+        errors.extend(too_many(&field, list.len(), limits.max_binding_conditions));
         for (i, condition) in list.iter().enumerate() {
             if let Some(condition) = condition.as_str()
                 && let Err(reason) = names::label_key(condition)
@@ -644,7 +649,7 @@ fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Ve
     errors.extend(too_many(
         &format!("{path}.consumesCounters"),
         consumptions.len(),
-        MAX_CONSUMPTIONS,
+        limits.max_consumptions_per_device,
     ));
     let mut sets = std::collections::BTreeSet::new();
     for (i, consumption) in consumptions.iter().enumerate() {
@@ -660,7 +665,7 @@ fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Ve
         errors.extend(too_many(
             &format!("{field}.counters"),
             counters,
-            MAX_COUNTERS,
+            limits.max_counters_per_consumption,
         ));
     }
 
@@ -694,12 +699,12 @@ fn validate_device(path: &str, device: &Value, per_device: bool, errors: &mut Ve
 
 /// `spec.sharedCounters`: at most 8 sets with DNS-label names, unique, each with 1 to 32
 /// counters whose names are DNS labels.
-fn validate_shared_counters(obj: &Value, errors: &mut Vec<FieldError>) {
+fn validate_shared_counters(obj: &Value, limits: &SliceLimits, errors: &mut Vec<FieldError>) {
     let sets = array(obj, "spec.sharedCounters");
     errors.extend(too_many(
         "spec.sharedCounters",
         sets.len(),
-        MAX_COUNTER_SETS,
+        limits.max_counter_sets_per_slice,
     ));
     let mut seen = std::collections::BTreeSet::new();
     for (i, set) in sets.iter().enumerate() {
@@ -720,7 +725,11 @@ fn validate_shared_counters(obj: &Value, errors: &mut Vec<FieldError>) {
         if counters.is_empty() {
             errors.push(FieldError::required(&counters_field));
         }
-        errors.extend(too_many(&counters_field, counters.len(), MAX_COUNTERS));
+        errors.extend(too_many(
+            &counters_field,
+            counters.len(),
+            limits.max_counters_per_set,
+        ));
         for counter in counters {
             if let Err(reason) = names::dns_label(counter) {
                 errors.push(FieldError::invalid(
