@@ -1,9 +1,7 @@
 //! Compiles the kubelet plugin protos in `proto/` with protox, a pure-Rust
-//! protobuf compiler, so building the SDK needs no `protoc` binary. With the
-//! `testing` feature it also compiles the CRI v1 subset of the test kit's CRI
-//! double, and keeps its encoded descriptors for tests that speak protojson.
+//! protobuf compiler, so building the SDK needs no `protoc` binary.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
@@ -27,28 +25,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(fds)?;
-    if std::env::var_os("CARGO_FEATURE_TESTING").is_some() {
-        compile_cri(&proto_dir)?;
-    }
-    Ok(())
-}
-
-/// The CRI double's API: server and client code, plus the encoded
-/// `FileDescriptorSet` (`cri-v1.bin`) that `testing::cri::FILE_DESCRIPTOR_SET`
-/// includes.
-fn compile_cri(proto_dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let file = "cri-v1.proto";
-    println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
-    let mut compiler = protox::Compiler::new([proto_dir])?;
-    compiler.include_imports(true).open_file(file)?;
-    let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out.join("cri-v1.bin"),
-        compiler.encode_file_descriptor_set(),
-    )?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

@@ -18,16 +18,14 @@ use dra_sdk::cli::PluginArgs;
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::rate_limit::RateLimitLayer;
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use tokio::runtime::Runtime;
 
 // The tests' correct driver, shared so the bench measures the same thing they check.
-#[path = "../tests/driver_common/mod.rs"]
-mod driver_common;
 
-use driver_common::{DRIVER, EnvDriver};
+use dra_sdk_testing::sample_driver::{DRIVER, EnvDriver};
 
 struct Bench {
     cluster: TestCluster,

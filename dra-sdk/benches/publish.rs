@@ -10,7 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use dra_sdk::slices::{
     Device, DeviceCapacity, DriverResources, PublisherHandle, ResourceSlicePublisher,
 };
-use dra_sdk::testing::apiserver::{FakeApiServer, Stats};
+use dra_sdk_testing::apiserver::{FakeApiServer, Stats};
 use k8s_openapi::api::core::v1::Node;
 
 const DRIVER: &str = "gpu.example.com";

@@ -11,9 +11,11 @@
 //! - [`AuthorityRewriteStream`]: wraps a server connection so that tonic accepts the
 //!   percent-encoded socket path the kubelet sends as HTTP/2 `:authority`;
 //! - [`bind_private`] and [`remove_socket`]: the plugin's Unix-socket helpers (owner-only
-//!   permissions, stale sockets replaced, regular files never removed).
+//!   permissions, stale sockets replaced, regular files never removed), and [`unix_channel`],
+//!   a gRPC client channel to such a socket.
 
 pub mod proto;
 
 pub use crate::plugin::authority::{AuthorityError, AuthorityRewriteStream};
+pub use crate::plugin::client::unix_channel;
 pub use crate::plugin::socket::{bind_private, remove_socket};

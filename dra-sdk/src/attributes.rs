@@ -53,7 +53,6 @@ use std::str::FromStr;
 
 use crate::slices::{AttributeValue, DeviceCapacity, Quantity};
 
-pub(crate) mod semantic_version;
 mod standard;
 
 pub use standard::{
@@ -124,7 +123,7 @@ impl Version {
                 length,
             });
         }
-        semantic_version::Semver::parse(text).map_err(|error| malformed(error.reason))?;
+        crate::k8s::Semver::parse(text).map_err(|error| malformed(error.reason()))?;
         Ok(Self(text.to_owned()))
     }
 

@@ -686,7 +686,7 @@ impl DriverContext {
 }
 
 /// The guide's examples, compiled and run as doc tests; its context example needs the test kit.
-#[cfg(all(doctest, feature = "testing"))]
+#[cfg(doctest)]
 #[doc = include_str!("../../docs/guide.md")]
 pub struct GuideDoctests;
 

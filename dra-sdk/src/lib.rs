@@ -52,13 +52,12 @@
 //! - [`cdi`]: CDI spec types, validation and per-claim spec files;
 //! - [`slices`]: the device model and the ResourceSlice publisher;
 //! - [`health`]: device health for the kubelet's health stream;
+//! - [`k8s`]: Kubernetes quantities, name rules and semantic versions, parsed once;
 //! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
 //! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
 //! - [`rate_limit`]: the client-side limits of API requests (`--kube-api-qps`/`--kube-api-burst`
 //!   for background work; prepares' claim reads have a budget of their own);
-//! - [`testing`]: a fake API server, a kubelet simulator, a CRI double and the e2e harness
-//!   (feature `testing`);
 //! - [`advanced`]: the generated gRPC bindings, the `:authority` rewriter and the socket
 //!   helpers, for tools that speak the kubelet's protocols themselves.
 #![deny(missing_docs)]
@@ -75,6 +74,7 @@ pub mod context;
 pub mod device_status;
 pub mod driver;
 pub mod health;
+pub mod k8s;
 pub mod metadata;
 mod metrics;
 pub mod plugin;
@@ -84,8 +84,6 @@ pub mod slices;
 pub mod advanced;
 // The generated bindings live in `advanced`; the crate's own code names them `crate::proto`.
 pub(crate) use advanced::proto;
-#[cfg(feature = "testing")]
-pub mod testing;
 
 /// Default kubelet plugin registry directory.
 pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";

@@ -12,14 +12,12 @@ use dra_sdk::checkpoint::{Checkpoint, ClaimState};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::KubeletVersion;
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::KubeletVersion;
 use tokio::sync::Notify;
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuConfig, prepare_gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuConfig, prepare_gpus};
 
 /// Prepares only once the test says so.
 #[derive(Default)]

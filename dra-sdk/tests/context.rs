@@ -24,17 +24,15 @@ use dra_sdk::plugin::{KubeletPlugin, PluginError, RegistrationStatus};
 use dra_sdk::slices::{
     DeviceTaint, DriverResources, PublishEvent, ResourceApiVersion, TaintEffect,
 };
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::ListParams;
 use serde::{Deserialize, Serialize};
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuConfig, gpus, prepare_gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuConfig, gpus, prepare_gpus};
 
 /// What the driver keeps per claim: a (pretend) sharing daemon and how often it restarted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -578,7 +576,7 @@ async fn extra_cdi_device_ids_reach_the_kubelet_after_the_sdks_own() {
 #[tokio::test]
 async fn prepare_is_unit_testable_with_built_and_resolved_claims() {
     let driver = ContextDriver::default();
-    let ctx_free = driver_common::GpuDriver::default();
+    let ctx_free = dra_sdk_testing::sample_driver::GpuDriver::default();
 
     // Built by hand.
     let claim: Claim<GpuConfig> = Claim::new(ClaimRef::new("default", "c", "uid-1"))

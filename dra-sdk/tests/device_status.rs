@@ -2,17 +2,14 @@
 //! claim per change, other drivers' entries kept, own entries removed by `clear`, limits
 //! checked before sending, a refused write (the 1.36 `resourceclaims/driver` authorization)
 //! reported clearly and changing nothing, a replaced claim not written.
-#![cfg(feature = "testing")]
 
 use dra_sdk::device_status::{DeviceStatus, DeviceStatusError, DeviceStatusWriter};
 use dra_sdk::driver::ClaimRef;
-use dra_sdk::testing::apiserver::{FakeApiServer, Fault};
+use dra_sdk_testing::apiserver::{FakeApiServer, Fault};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
-
-mod driver_common;
 
 const DRIVER: &str = "net.example.com";
 
@@ -242,8 +239,8 @@ async fn a_replaced_or_deleted_claim_is_not_written() {
 /// claim it prepared, through the plugin's own client, and removes it again.
 #[tokio::test]
 async fn the_driver_context_hands_out_a_writer() {
-    use dra_sdk::testing::cluster::{NewClaim, TestCluster};
-    use driver_common::{DRIVER as GPU_DRIVER, GpuDriver, gpus};
+    use dra_sdk_testing::cluster::{NewClaim, TestCluster};
+    use dra_sdk_testing::sample_driver::{DRIVER as GPU_DRIVER, GpuDriver, gpus};
 
     let running = TestCluster::start_with(GpuDriver::default(), GPU_DRIVER, gpus(1))
         .await
@@ -262,7 +259,7 @@ async fn the_driver_context_hands_out_a_writer() {
     assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
 
     let writer = running.plugin().context().device_status().unwrap();
-    let pool = dra_sdk::testing::cluster::NODE_NAME;
+    let pool = dra_sdk_testing::cluster::NODE_NAME;
     let status = DeviceStatus::new(pool, "gpu-0").ready("Prepared", "ready for the pod");
     assert!(writer.apply(&claim, &[status]).await.unwrap());
     let stored: ResourceClaim = cluster.api().get(Some("default"), "gpu").unwrap().unwrap();
@@ -292,10 +289,11 @@ struct StatusDriver {
 
 #[async_trait::async_trait]
 impl dra_sdk::driver::Driver for StatusDriver {
-    type Config = driver_common::GpuConfig;
+    type Config = dra_sdk_testing::sample_driver::GpuConfig;
 
     fn config_registry(&self) -> dra_sdk::config::ConfigRegistry<Self::Config> {
-        dra_sdk::config::ConfigRegistry::new().register::<driver_common::GpuConfig>()
+        dra_sdk::config::ConfigRegistry::new()
+            .register::<dra_sdk_testing::sample_driver::GpuConfig>()
     }
 
     fn reports_device_status(&self) -> bool {
@@ -306,7 +304,7 @@ impl dra_sdk::driver::Driver for StatusDriver {
         &self,
         claim: &dra_sdk::driver::Claim<Self::Config>,
     ) -> Result<dra_sdk::driver::PreparedClaim, dra_sdk::driver::DriverError> {
-        let mut prepared = driver_common::prepare_gpus(claim);
+        let mut prepared = dra_sdk_testing::sample_driver::prepare_gpus(claim);
         for device in &claim.devices {
             let status = DeviceStatus::new(&device.pool, &device.device)
                 .ready("Prepared", "ready for the pod")
@@ -335,21 +333,27 @@ impl dra_sdk::driver::Driver for StatusDriver {
 
 async fn prepared_claim(
     driver: StatusDriver,
-) -> (dra_sdk::testing::cluster::RunningPlugin, ClaimRef) {
-    use dra_sdk::testing::cluster::{NewClaim, TestCluster};
-    let running = TestCluster::start_with(driver, driver_common::DRIVER, driver_common::gpus(1))
-        .await
-        .unwrap();
+) -> (dra_sdk_testing::cluster::RunningPlugin, ClaimRef) {
+    use dra_sdk_testing::cluster::{NewClaim, TestCluster};
+    let running = TestCluster::start_with(
+        driver,
+        dra_sdk_testing::sample_driver::DRIVER,
+        dra_sdk_testing::sample_driver::gpus(1),
+    )
+    .await
+    .unwrap();
     let cluster = running.cluster();
     cluster
-        .create_claim(NewClaim::new("default", "gpu").request("gpu", driver_common::DRIVER))
+        .create_claim(
+            NewClaim::new("default", "gpu").request("gpu", dra_sdk_testing::sample_driver::DRIVER),
+        )
         .await
         .unwrap();
     let claim = cluster.allocate("default", "gpu").await.unwrap();
     (running, claim)
 }
 
-fn stored_devices(running: &dra_sdk::testing::cluster::RunningPlugin) -> Vec<Value> {
+fn stored_devices(running: &dra_sdk_testing::cluster::RunningPlugin) -> Vec<Value> {
     let claim: ResourceClaim = running
         .cluster()
         .api()
@@ -376,13 +380,13 @@ async fn the_plugin_writes_status_at_prepare_and_removes_it_at_unprepare() {
     assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
     let devices = stored_devices(&running);
     assert_eq!(devices.len(), 1, "{devices:?}");
-    assert_eq!(devices[0]["driver"], driver_common::DRIVER);
+    assert_eq!(devices[0]["driver"], dra_sdk_testing::sample_driver::DRIVER);
     assert_eq!(devices[0]["conditions"][0]["reason"], "Prepared");
     assert_eq!(devices[0]["data"], json!({ "claim": "gpu" }));
 
     let before = patches(running.cluster().api());
     let writer = running.plugin().context().device_status().unwrap();
-    let pool = dra_sdk::testing::cluster::NODE_NAME;
+    let pool = dra_sdk_testing::cluster::NODE_NAME;
     let later = DeviceStatus::new(pool, "gpu-0").condition("Ready", false, "XidError", "XID 79");
     assert!(writer.apply(&claim, &[later]).await.unwrap());
     assert_eq!(patches(running.cluster().api()), before + 1);
@@ -465,7 +469,7 @@ async fn an_invalid_status_from_prepare_fails_the_claim() {
 /// version by discovery and writes through it.
 #[tokio::test]
 async fn the_writer_uses_the_newest_served_version() {
-    use dra_sdk::testing::apiserver::ResourceType;
+    use dra_sdk_testing::apiserver::ResourceType;
     use kube::api::{ApiResource, DynamicObject, PostParams};
 
     let server = FakeApiServer::builder()

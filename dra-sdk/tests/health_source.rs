@@ -4,12 +4,10 @@
 use std::time::Duration;
 
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::KubeletVersion;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::KubeletVersion;
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuDriver};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuDriver};
 
 #[tokio::test]
 async fn devices_become_unknown_when_the_health_source_goes_away() {

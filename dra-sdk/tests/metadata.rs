@@ -3,7 +3,6 @@
 //! to the device's own; unprepare removes both. Once by hand from a driver (the writer's API),
 //! once by the plugin itself for a driver that opts in (`Driver::device_metadata`), with the
 //! checkpoint record and the start-up sweep of orphans.
-#![cfg(feature = "testing")]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -14,7 +13,7 @@ use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
 use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::slices::{Device, DriverResources};
-use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use serde_json::json;
 
 const DRIVER: &str = "meta.example.com";

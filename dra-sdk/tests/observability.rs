@@ -12,8 +12,8 @@ use clap::Parser;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use hyper_util::rt::TokioIo;
 use openmetrics_parser::{OpenMetricsType, OpenMetricsValue};
 use tonic::transport::{Channel, Endpoint};
@@ -21,9 +21,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuDriver, gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuDriver, gpus};
 
 /// The gRPC service names of the DRA API the plugin serves, as a probe would name them.
 const DRA_SERVICES: [&str; 2] = [

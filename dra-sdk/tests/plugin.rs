@@ -13,17 +13,15 @@ use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
-use dra_sdk::testing::apiserver::{Fault, Verb};
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::apiserver::{Fault, Verb};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuConfig, prepare_gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuConfig, prepare_gpus};
 
 /// Records what the SDK asks of it, and checks the SDK's promise that one claim is never
 /// handled twice at once.

@@ -8,17 +8,15 @@ use std::path::Path;
 
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::slices::{Device, DriverResources, Pool};
-use dra_sdk::testing::allocator::allocate_claim;
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::KubeletVersion;
+use dra_sdk_allocator::allocate_claim;
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::KubeletVersion;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuDriver, gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuDriver, gpus};
 
 #[derive(Clone, Copy, Debug)]
 enum Damage {
@@ -134,7 +132,7 @@ async fn an_intact_checkpoint_keeps_its_claims_specs_and_sweeps_strays() {
     // the other way round.
     let (checkpoint, _) = dra_sdk::checkpoint::Checkpoint::open(
         &cluster.plugins_dir().join(DRIVER),
-        dra_sdk::testing::cluster::BOOT_ID,
+        dra_sdk_testing::cluster::BOOT_ID,
     )
     .unwrap();
     checkpoint

@@ -15,14 +15,12 @@ use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PreparedClaim};
 use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::KubeletVersion;
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::KubeletVersion;
 use tokio::sync::Notify;
 
-mod driver_common;
-
-use driver_common::{DRIVER, GpuConfig, prepare_gpus};
+use dra_sdk_testing::sample_driver::{DRIVER, GpuConfig, prepare_gpus};
 
 /// A claim whose prepare was interrupted by a crash long before this test's instances ran.
 const CRASHED_UID: &str = "0d0d0d0d-0000-4000-8000-000000000001";

@@ -2,7 +2,6 @@
 //! republish, single-slice updates, splitting, partitionable devices, taints, repairs of
 //! external deletes and edits, kubelet wipes, outages, dropped fields, owner references,
 //! discovery of older API versions, metrics.
-#![cfg(feature = "testing")]
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -14,7 +13,7 @@ use dra_sdk::slices::{
     PoolNodeSelection, PublishEvent, PublisherHandle, ResourceApiVersion, ResourceSlicePublisher,
     TaintEffect,
 };
-use dra_sdk::testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
+use dra_sdk_testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
@@ -30,7 +29,7 @@ struct Env {
     node_uid: String,
 }
 
-async fn env_with(builder: dra_sdk::testing::apiserver::FakeApiServerBuilder) -> Env {
+async fn env_with(builder: dra_sdk_testing::apiserver::FakeApiServerBuilder) -> Env {
     let server = builder
         .bookmark_interval(Duration::from_millis(50))
         .start()

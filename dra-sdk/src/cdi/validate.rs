@@ -307,7 +307,7 @@ fn check_annotation_key(key: &str) -> Result<(), String> {
             name.len()
         ));
     }
-    if crate::slices::names::label_name_part(name).is_err() {
+    if crate::k8s::names::label_name_part(name).is_err() {
         return Err(format!(
             "the name part {name:?} must consist of ASCII letters, digits, '-', '_' or '.', \
              and start and end with a letter or digit"
@@ -323,7 +323,7 @@ fn check_dns_subdomain(prefix: &str) -> Result<(), String> {
             prefix.len()
         ));
     }
-    if crate::slices::names::dns_subdomain(prefix).is_err() {
+    if crate::k8s::names::dns_subdomain(prefix).is_err() {
         return Err(format!(
             "the prefix {prefix:?} must be a DNS subdomain: dot-separated labels of lowercase \
              letters, digits and '-', each starting and ending with a letter or digit"

@@ -184,11 +184,10 @@ impl<S> AuthorityRewriteStream<S> {
 
     /// Like [`AuthorityRewriteStream::new`], but writes `authority` instead of `localhost`.
     ///
-    /// The kubelet simulator uses it the other way round, on its client side, to send the
+    /// A kubelet stand-in uses it the other way round, on its client side, to send the
     /// percent-encoded socket path the real kubelet sends (which `http::Uri`, and so tonic's
     /// client, refuses to build).
-    #[cfg(feature = "testing")]
-    pub(crate) fn with_authority(inner: S, authority: impl Into<Vec<u8>>) -> Self {
+    pub fn with_authority(inner: S, authority: impl Into<Vec<u8>>) -> Self {
         let mut stream = Self::new(inner);
         stream.rewriter.authority = authority.into();
         stream

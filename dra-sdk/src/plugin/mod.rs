@@ -22,7 +22,7 @@
 //! kubelet wipes them if the plugin stays away, and a restarted plugin finds them unchanged.
 
 pub(crate) mod authority;
-mod client;
+pub(crate) mod client;
 mod dra;
 pub(crate) mod locks;
 mod node;
@@ -54,8 +54,6 @@ use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublishEvent, PublisherHandle, ResourceSlicePublisher};
 
-#[cfg(feature = "testing")]
-pub(crate) use client::unix_channel;
 pub use registration::RegistrationStatus;
 pub use socket::{SocketError, SocketPaths};
 

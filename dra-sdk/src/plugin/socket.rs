@@ -19,7 +19,7 @@ use rustix::fs::Mode;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 use sha2::{Digest, Sha256};
 
-use crate::slices::names::{LabelDefect, label_defect};
+use crate::k8s::names::{LabelDefect, label_defect};
 
 /// Size of Linux's `sockaddr_un.sun_path`, which includes the terminating
 /// NUL: a socket path must be strictly shorter than this.

@@ -97,10 +97,9 @@ mod backoff;
 mod layout;
 mod limits;
 mod model;
-pub(crate) mod names; // name rules, also used by the conformance suite
 mod plan;
 mod publisher;
-pub(crate) mod quantity; // the one quantity parser, also used by the test kit
+pub(crate) mod slice_names;
 mod validate;
 mod wire;
 

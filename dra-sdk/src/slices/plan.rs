@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use super::layout::{self, PreviousSlice};
 use super::limits::SliceLimits;
 use super::model::{DriverResources, Pool, PoolNodeSelection};
-use super::names;
+use super::slice_names;
 use super::validate::{FieldPath, Problem, ValidationError, ValidationErrors};
 use super::wire::{self, FeatureGate};
 
@@ -227,7 +227,7 @@ fn previous_from_observed(
         .filter(|s| s.spec.pool.generation == generation)
         .filter_map(|s| {
             let name = s.metadata.name.as_deref()?;
-            let index = names::slice_index(name, ctx.node, ctx.driver, pool_name)?;
+            let index = slice_names::slice_index(name, ctx.node, ctx.driver, pool_name)?;
             Some(PreviousSlice {
                 index,
                 devices: s
@@ -295,7 +295,7 @@ fn desired_slice(
     wire::strip_features(&mut spec, ctx.disabled);
     api::ResourceSlice {
         metadata: ObjectMeta {
-            name: Some(names::slice_name(
+            name: Some(slice_names::slice_name(
                 ctx.node,
                 ctx.driver,
                 pool_name,

@@ -13,7 +13,7 @@ use super::model::{
     AttributeValue, CapacityRequestPolicy, Device, DeviceNodeSelection, DriverResources,
     NodeSelector, Pool, PoolNodeSelection, Quantity, ValidRequestValues,
 };
-use super::{names, quantity};
+use crate::k8s::{names, quantity};
 
 /// Where a problem is: pool, device and field.
 #[derive(Clone, Debug, PartialEq, Eq)]

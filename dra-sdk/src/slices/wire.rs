@@ -17,7 +17,7 @@ use super::model::{
     AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceCounterConsumption,
     DeviceNodeSelection, DeviceTaint, Quantity, Time, ValidRequestValues,
 };
-use super::quantity;
+use crate::k8s::quantity;
 
 k8s_openapi::k8s_if_le_1_33! {
     compile_error!("dra-sdk's ResourceSlice publisher needs k8s-openapi with a v1_34 or newer version feature");

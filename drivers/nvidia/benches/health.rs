@@ -22,7 +22,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::{HealthEvent, HealthEventKind, TAINT_XID};
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
-use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::runtime::Runtime;
 

@@ -24,9 +24,9 @@ use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use serde_json::json;
 use tokio::runtime::Runtime;
 

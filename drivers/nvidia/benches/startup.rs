@@ -20,13 +20,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-#[path = "../../../test-support/process_memory.rs"]
-mod process_memory;
-
-use process_memory::{rss_by_mapping, rss_kib};
+use dra_sdk_testing::deliverables::memory::{rss_by_mapping, rss_kib};
 
 /// The plugin at `binary` on the mock `profile`, pointed at `cluster` as an operator would
 /// run it on the cluster's node.

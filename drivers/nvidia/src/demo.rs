@@ -34,9 +34,9 @@ use std::path::Path;
 
 use dra_sdk::cdi::Spec;
 use dra_sdk::driver::ClaimRef;
-use dra_sdk::testing::allocator::allocate_claim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::{KubeletDevice, KubeletVersion};
+use dra_sdk_allocator::allocate_claim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::{KubeletDevice, KubeletVersion};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -766,7 +766,7 @@ async fn await_allocation(
         }
         if tokio::time::Instant::now() >= deadline {
             let events =
-                dra_sdk::testing::e2e::workload::pod_events(&stage.client, &stage.namespace, pod)
+                dra_sdk_testing::e2e::workload::pod_events(&stage.client, &stage.namespace, pod)
                     .await;
             return Err(format!(
                 "not allocated and reserved for pod {pod} within {timeout:?} (events: {})",
@@ -789,7 +789,7 @@ async fn drive(
             .await
             .map_err(err("waiting for the ResourceSlices"))?;
     }
-    let kubelet = dra_sdk::testing::kubelet::KubeletSimulator::new(KubeletVersion::V1_36)
+    let kubelet = dra_sdk_testing::kubelet::KubeletSimulator::new(KubeletVersion::V1_36)
         .register(&plugin.socket_paths().registration)
         .await
         .map_err(err("registering with the simulated kubelet"))?;

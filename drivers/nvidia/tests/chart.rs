@@ -9,18 +9,15 @@
 //! chart deploys (`drivers/nvidia/Dockerfile`), without a container engine: its build command
 //! and the path its final stage copies.
 
-#[path = "../../../test-support/chart.rs"]
-mod shared;
-// The image the chart deploys is checked here too: one test binary less to link.
-#[path = "../../../test-support/dockerfile.rs"]
-mod dockerfile;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory as _, Parser as _};
 use dra_driver_nvidia::devices::device_classes;
 use dra_driver_nvidia::plugin::Cli;
+// The image the chart deploys is checked here too: one test binary less to link.
+use dra_sdk_testing::deliverables::chart as shared;
+use dra_sdk_testing::deliverables::dockerfile;
 use serde_json::Value;
 use shared::{OpenApi, describe, helm_or_skip, leaves, render_chart, validate_all, yaml};
 

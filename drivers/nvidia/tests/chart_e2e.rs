@@ -12,16 +12,13 @@
 //! Needs `HELM` and `DRA_E2E_K8S_BIN`; skips without them unless `HELM_REQUIRED=1` or
 //! `DRA_E2E_REQUIRED=1`.
 
-#[path = "../../../test-support/chart.rs"]
-mod shared;
-#[path = "../../../test-support/chart_e2e.rs"]
-mod shared_e2e;
-
 use std::path::{Path, PathBuf};
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
-use dra_sdk::testing::e2e::workload;
-use dra_sdk::testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
+use dra_sdk_testing::deliverables::chart as shared;
+use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
+use dra_sdk_testing::e2e::workload;
+use dra_sdk_testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! Kubernetes v1.36 components: the real kubelet registers it, the real scheduler allocates
 //! from its ResourceSlices, the kubelet prepares and hands the CDI device names to the CRI
 //! (a double that logs them). Skipped, with one line saying so, without `DRA_E2E_K8S_BIN`
-//! (see `dra_sdk::testing::e2e`).
+//! (see `dra_sdk_testing::e2e`).
 //!
 //! One cluster of five nodes: `node-a100` serves the `dgx-a100` profile (MIG on GPUs 0-2,
 //! GPUs 3-7 whole), `node-h100` the `dgx-h100` profile (eight whole GPUs), `node-t4` the
@@ -18,9 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
-use dra_sdk::testing::e2e::suite::E2eSuite;
-use dra_sdk::testing::e2e::workload::{self, ClaimSource};
-use dra_sdk::testing::e2e::{KubeletNode, ManagedProcess, RealCluster, binaries_or_skip};
+use dra_sdk_testing::e2e::suite::E2eSuite;
+use dra_sdk_testing::e2e::workload::{self, ClaimSource};
+use dra_sdk_testing::e2e::{KubeletNode, ManagedProcess, RealCluster, binaries_or_skip};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::Api;

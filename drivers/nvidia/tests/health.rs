@@ -11,8 +11,8 @@ use dra_driver_nvidia::health::{
 };
 use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_sdk::health::HealthStatus;
-use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
-use dra_sdk::testing::kubelet::{HealthWatch, ObservedHealth};
+use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
+use dra_sdk_testing::kubelet::{HealthWatch, ObservedHealth};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
 

@@ -7,7 +7,7 @@
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
 use dra_driver_nvidia::plugin::NvidiaPlugin;
-use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };

@@ -15,9 +15,9 @@ use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost}
 use dra_sdk::cdi::Spec;
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use fixture::*;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use serde_json::{Value, json};
@@ -298,7 +298,7 @@ impl Running {
     }
 
     /// Prepares one claim; its outcome.
-    async fn prepare_one(&self, claim: &ClaimRef) -> dra_sdk::testing::kubelet::PrepareOutcome {
+    async fn prepare_one(&self, claim: &ClaimRef) -> dra_sdk_testing::kubelet::PrepareOutcome {
         let mut outcomes = self
             .kubelet
             .prepare(std::slice::from_ref(claim))
@@ -814,7 +814,7 @@ async fn reservations_survive_a_restart_through_the_checkpoint() {
 
     let (checkpoint, _) = dra_sdk::checkpoint::Checkpoint::open(
         &cluster.plugins_dir().join(DRIVER_NAME),
-        dra_sdk::testing::cluster::BOOT_ID,
+        dra_sdk_testing::cluster::BOOT_ID,
     )
     .unwrap();
     let records = checkpoint.records().unwrap();

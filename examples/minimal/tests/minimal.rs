@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::cluster::{NODE_NAME, NewClaim, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
+use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::json;
 

@@ -14,26 +14,23 @@
 //! ```
 //!
 //! With `DRA_E2E_K8S_BIN` naming the Kubernetes binaries (see docs/testing.md) it then measures
-//! the same against a real API server and kubelet (`dra_sdk::testing::e2e`), and with
+//! the same against a real API server and kubelet (`dra_sdk_testing::e2e`), and with
 //! `DRA_GO_TEST_DRIVER` naming the upstream Go test driver's binary, side by side with it in
 //! the same run.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::cluster::TestCluster;
-use dra_sdk::testing::e2e::RealCluster;
-use dra_sdk::testing::e2e::workload::{self, ClaimSource};
+use dra_sdk_testing::cluster::TestCluster;
+use dra_sdk_testing::e2e::RealCluster;
+use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use mock_gpu::testing::plugin_command;
 
-#[path = "../../../test-support/process_memory.rs"]
-mod process_memory;
-
-use process_memory::{rss_by_mapping, rss_kib};
+use dra_sdk_testing::deliverables::memory::{rss_by_mapping, rss_kib};
 
 #[tokio::main]
 async fn main() {

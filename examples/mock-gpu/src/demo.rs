@@ -41,11 +41,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::testing::allocator::allocate_claim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{
-    KubeletDevice, KubeletSimulator, KubeletVersion, RegisteredPlugin,
-};
+use dra_sdk_allocator::allocate_claim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletDevice, KubeletSimulator, KubeletVersion, RegisteredPlugin};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::Api;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 
 /// The plugin binary at `binary`, pointed at `cluster` through `kubeconfig`, as an operator
 /// would run it on the cluster's node.

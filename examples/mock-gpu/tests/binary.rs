@@ -5,8 +5,8 @@ use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster};
-use dra_sdk::testing::kubelet::{KubeletSimulator, KubeletVersion};
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use mock_gpu::testing::plugin_command;
 

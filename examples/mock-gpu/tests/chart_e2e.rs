@@ -11,15 +11,13 @@
 //! node, and no other node's. Needs `HELM` and `DRA_E2E_K8S_BIN`.
 
 /// The chart checks on a real API server every driver's chart e2e test shares.
-#[path = "../../../test-support/chart_e2e.rs"]
-mod shared_e2e;
 mod support;
-use support::shared; // what `shared_e2e` builds on
+use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
 
 use std::path::Path;
 
-use dra_sdk::testing::e2e::workload;
-use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
+use dra_sdk_testing::e2e::workload;
+use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -234,7 +232,7 @@ fn spawn_plugin(
     kubeconfig: &Path,
     devices: u32,
     extra: &[&str],
-) -> dra_sdk::testing::e2e::ManagedProcess {
+) -> dra_sdk_testing::e2e::ManagedProcess {
     let node = cluster.node("node-1").unwrap();
     let mut args: Vec<String> = vec![
         "--kubeconfig".into(),

@@ -1,8 +1,8 @@
 //! The example driver passes the SDK's conformance suite: every case, in process, with a
 //! restart in the middle.
 
-use dra_sdk::testing::cluster::NODE_NAME;
-use dra_sdk::testing::conformance::{Conformance, Outcome};
+use dra_sdk_testing::cluster::NODE_NAME;
+use dra_sdk_testing::conformance::{Conformance, Outcome};
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use dra_sdk::testing::apiserver::FakeApiServer;
+use dra_sdk_testing::apiserver::FakeApiServer;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use mock_gpu::demo::{
@@ -151,7 +151,7 @@ async fn demo_against_a_cluster_cleans_up_after_itself() {
     assert_nothing_left(&api);
 
     // A DeviceClass of the same name from elsewhere is used and kept.
-    let class = dra_sdk::testing::cluster::driver_device_class(
+    let class = dra_sdk_testing::cluster::driver_device_class(
         "demo.gpu.example.com",
         "demo.gpu.example.com",
     );

@@ -1,15 +1,15 @@
 //! The mock GPU plugin, as the binary operators run, against real Kubernetes v1.36
 //! components: the SDK's end-to-end suite (with `--device-metadata`, plus the KEP-5304
 //! metadata file seen from the runtime's side), then the demo (`mock-gpu-demo --kubeconfig`).
-//! Skipped, with one line saying so, without `DRA_E2E_K8S_BIN` (see `dra_sdk::testing::e2e`).
+//! Skipped, with one line saying so, without `DRA_E2E_K8S_BIN` (see `dra_sdk_testing::e2e`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use dra_sdk::cdi::Spec;
-use dra_sdk::testing::e2e::suite::E2eSuite;
-use dra_sdk::testing::e2e::workload::{self, ClaimSource};
-use dra_sdk::testing::e2e::{RealCluster, binaries_or_skip};
+use dra_sdk_testing::e2e::suite::E2eSuite;
+use dra_sdk_testing::e2e::workload::{self, ClaimSource};
+use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::Api;

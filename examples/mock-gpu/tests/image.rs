@@ -3,8 +3,7 @@
 //! exist with features the plugin builds with, and the path the final stage copies is where
 //! that command puts the binary; `.dockerignore` keeps `target/` out of the build context.
 
-#[path = "../../../test-support/dockerfile.rs"]
-mod dockerfile;
+use dra_sdk_testing::deliverables::dockerfile;
 
 use std::path::PathBuf;
 

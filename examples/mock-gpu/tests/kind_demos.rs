@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use dra_sdk::cdi::Spec;
-use dra_sdk::testing::allocator::allocate_claim;
-use dra_sdk::testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
-use dra_sdk::testing::kubelet::KubeletDevice;
+use dra_sdk_allocator::allocate_claim;
+use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
+use dra_sdk_testing::kubelet::KubeletDevice;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, PostParams};
@@ -489,7 +489,7 @@ fn the_kind_config_has_two_nodes_cdi_and_known_gates() {
     assert!(patches.contains("enable_cdi = true"), "{patches}");
     // Every gate is a DRA gate of Kubernetes 1.36 (the e2e harness's list): no typos, none
     // that a 1.36 component would refuse to start with.
-    let known = dra_sdk::testing::e2e::FEATURE_GATES;
+    let known = dra_sdk_testing::e2e::FEATURE_GATES;
     for (gate, value) in config["featureGates"].as_object().unwrap() {
         assert!(
             known.contains(&gate.as_str()),

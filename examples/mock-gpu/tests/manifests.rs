@@ -9,9 +9,8 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use dra_sdk_testing::deliverables::chart::round_trip;
 use mock_gpu::MockGpuDriver;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 fn package_dir() -> PathBuf {
@@ -23,42 +22,6 @@ fn documents(file: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(file).unwrap();
     serde_saphyr::from_multiple::<Value>(&text)
         .unwrap_or_else(|error| panic!("{}: {error}", file.display()))
-}
-
-/// Paths in `original` that `typed` lacks or holds differently.
-fn differences(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
-    match (original, typed) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (key, value) in a {
-                match b.get(key) {
-                    Some(other) => differences(value, other, &format!("{path}.{key}"), out),
-                    None => out.push(format!("{path}.{key}: not a field of the type")),
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
-            for (index, (x, y)) in a.iter().zip(b).enumerate() {
-                differences(x, y, &format!("{path}[{index}]"), out);
-            }
-        }
-        (a, b) if a == b => {}
-        (a, b) => out.push(format!("{path}: {a} became {b}")),
-    }
-}
-
-fn round_trip<K: DeserializeOwned + Serialize>(document: &Value) -> Vec<String> {
-    let typed: K = match serde_json::from_value(document.clone()) {
-        Ok(typed) => typed,
-        Err(error) => return vec![error.to_string()],
-    };
-    let mut out = Vec::new();
-    differences(
-        document,
-        &serde_json::to_value(typed).unwrap(),
-        "",
-        &mut out,
-    );
-    out
 }
 
 fn check(document: &Value) -> Vec<String> {

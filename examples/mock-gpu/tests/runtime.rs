@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use dra_sdk::health::HealthStatus;
 use dra_sdk::slices::Quantity;
-use dra_sdk::testing::claims::AllocatedClaim;
-use dra_sdk::testing::cluster::{NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::claims::AllocatedClaim;
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::Api;
 use kube::api::ListParams;

@@ -26,10 +26,10 @@ use super::backoff::Backoff;
 use super::layout::PreviousSlice;
 use super::limits::{KubernetesVersion, SliceLimits};
 use super::model::DriverResources;
-use super::names;
 use super::plan::{self, Delete, Plan, PlanContext, Prepared};
 use super::validate::ValidationErrors;
 use super::wire::{self, FeatureGate, ResourceApiVersion};
+use crate::k8s::names;
 
 mod cache;
 mod handle;

@@ -8,7 +8,7 @@ use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
 use dra_sdk::context::RecordedClaim;
 use dra_sdk::driver::Driver;
-use dra_sdk::testing::cluster::BOOT_ID;
+use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;
 

@@ -1,5 +1,4 @@
-/// The chart checks every driver's chart tests share (`test-support/chart.rs` at the root).
-#[path = "../../../../test-support/chart.rs"]
-pub mod shared;
+/// The chart checks every driver's chart tests share.
+pub(crate) use dra_sdk_testing::deliverables::chart as shared;
 
 pub mod chart;

@@ -1,0 +1,360 @@
+//! Helm chart checks shared by the chart tests of every driver in this repository (the mock
+//! GPU driver's and the NVIDIA driver's): rendering a chart with the `helm` binary named by
+//! `HELM`, checking each object against the OpenAPI documents of a v1.36.2 API server the way
+//! strict field validation would (unknown fields are errors), and decoding it into its
+//! `k8s-openapi` type without losing a field.
+//!
+//! It panics with a message on a missing tool or document: a test setup error, not data.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// The workspace root: the nearest ancestor of the current directory (the package's directory
+/// under `cargo test`) with a `Cargo.lock`.
+pub fn workspace_root() -> PathBuf {
+    let crate_dir = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+    crate_dir
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .map(Path::to_path_buf)
+        .unwrap_or(crate_dir)
+}
+
+/// The `helm` binary from `HELM`, or `None` after printing why the test is skipped. With
+/// `HELM_REQUIRED=1` (CI sets it) a missing binary fails instead.
+pub fn helm_or_skip() -> Option<PathBuf> {
+    match std::env::var_os("HELM") {
+        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
+        _ if std::env::var_os("HELM_REQUIRED").is_some_and(|v| v == "1") => {
+            panic!("HELM_REQUIRED=1 but HELM is not set (see .ci/tools)")
+        }
+        _ => {
+            eprintln!(
+                "chart: skipped: HELM is not set (a helm 3.8+/4 binary; .ci/tools installs one)"
+            );
+            None
+        }
+    }
+}
+
+/// `helm template` of the chart in `chart` as release `release` in `namespace`, with `args`
+/// (values files, `--set`); every non-empty document as JSON, or helm's error output.
+pub fn render_chart(
+    helm: &Path,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    args: &[&str],
+) -> Result<Vec<Value>, String> {
+    let output = Command::new(helm)
+        .args(["template", release])
+        .arg(chart)
+        .args(["--namespace", namespace])
+        .args(args)
+        .output()
+        .map_err(|error| format!("running {}: {error}", helm.display()))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(&text).map_err(|error| error.to_string())?;
+    Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// The values sets CI renders a chart with: the defaults, then each file of its `ci/`
+/// directory (sorted), as `(name, helm arguments)`.
+pub fn values_sets(chart: &Path) -> Vec<(String, Vec<String>)> {
+    let mut sets = vec![("defaults".to_owned(), Vec::new())];
+    let ci = chart.join("ci");
+    let mut files: Vec<_> = std::fs::read_dir(&ci)
+        .unwrap_or_else(|error| panic!("{}: {error}", ci.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        sets.push((name, vec!["-f".to_owned(), file.display().to_string()]));
+    }
+    sets
+}
+
+/// Leaf paths of a values tree (maps are walked; lists and empty maps are leaves).
+pub fn leaves(value: &Value, path: &str, out: &mut BTreeSet<String>) {
+    match value {
+        Value::Object(fields) if !fields.is_empty() => {
+            for (key, child) in fields {
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                leaves(child, &child_path, out);
+            }
+        }
+        _ => {
+            out.insert(path.to_owned());
+        }
+    }
+}
+
+/// A YAML file as JSON.
+pub fn yaml(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    serde_saphyr::from_str(&text).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// Every object of every values set: OpenAPI problems and decode problems, as messages
+/// prefixed with the values set and the object.
+pub fn validate_all(openapi: &OpenApi, set: &str, documents: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for document in documents {
+        let what = format!("{set}: {}", describe(document));
+        problems.extend(
+            openapi
+                .check(document)
+                .into_iter()
+                .map(|p| format!("{what}: OpenAPI: {p}")),
+        );
+        problems.extend(
+            decode(document)
+                .into_iter()
+                .map(|p| format!("{what}: decode: {p}")),
+        );
+    }
+    problems
+}
+
+/// The OpenAPI v3 documents of a v1.36.2 API server, from `OPENAPI_DIR` or
+/// `../shared/reference/openapi` next to the repository.
+pub struct OpenApi {
+    schemas: BTreeMap<String, Value>,
+    by_kind: BTreeMap<(String, String, String), String>,
+}
+
+impl OpenApi {
+    /// Loads the documents from `OPENAPI_DIR`, or the workspace's
+    /// `../shared/reference/openapi`.
+    pub fn load() -> OpenApi {
+        let dir = std::env::var_os("OPENAPI_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace_root().join("../shared/reference/openapi"));
+        let mut schemas = BTreeMap::new();
+        let mut by_kind = BTreeMap::new();
+        let entries = std::fs::read_dir(&dir)
+            .unwrap_or_else(|error| panic!("{}: {error} (set OPENAPI_DIR)", dir.display()));
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|ext| ext != "json") {
+                continue;
+            }
+            let document: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let Some(Value::Object(found)) = document.pointer("/components/schemas") else {
+                continue;
+            };
+            for (name, schema) in found {
+                for gvk in schema["ArbitraryKeys"]["x-kubernetes-group-version-kind"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                {
+                    let key = |k: &str| gvk[k].as_str().unwrap_or_default().to_owned();
+                    by_kind.insert((key("group"), key("version"), key("kind")), name.clone());
+                }
+                schemas.insert(name.clone(), schema.clone());
+            }
+        }
+        assert!(
+            !schemas.is_empty(),
+            "no OpenAPI schemas in {}",
+            dir.display()
+        );
+        OpenApi { schemas, by_kind }
+    }
+
+    /// What the API server's strict field validation would object to in `object`, as paths.
+    pub fn check(&self, object: &Value) -> Vec<String> {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        let kind = object["kind"].as_str().unwrap_or_default();
+        let key = (group.to_owned(), version.to_owned(), kind.to_owned());
+        let Some(name) = self.by_kind.get(&key) else {
+            return vec![format!("no OpenAPI schema for {api_version} {kind}")];
+        };
+        let mut problems = Vec::new();
+        self.walk(&self.schemas[name], object, "", &mut problems);
+        problems
+    }
+
+    fn resolve<'a>(&'a self, schema: &'a Value) -> &'a Value {
+        match schema["$ref"].as_str() {
+            Some(reference) => {
+                let name = reference.trim_start_matches("#/components/schemas/");
+                self.schemas.get(name).map_or(schema, |s| self.resolve(s))
+            }
+            None => schema,
+        }
+    }
+
+    fn walk(&self, schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
+        let schema = self.resolve(schema);
+        let props = &schema["SchemaProps"];
+        for part in props["allOf"].as_array().into_iter().flatten() {
+            self.walk(part, value, path, out);
+        }
+        if let Some(alternatives) = props["oneOf"].as_array() {
+            // int-or-string and quantities: any alternative's type will do.
+            let fits = alternatives.iter().any(|alt| {
+                let mut problems = Vec::new();
+                self.walk(alt, value, path, &mut problems);
+                problems.is_empty()
+            });
+            if !fits {
+                out.push(format!("{path}: {value} fits none of the allowed types"));
+            }
+            return;
+        }
+        if let Some(allowed) = props["enum"].as_array()
+            && !allowed.contains(value)
+        {
+            out.push(format!("{path}: {value} is not one of {allowed:?}"));
+        }
+        let type_ok = match props["type"].as_str() {
+            None => true,
+            Some("object") => value.is_object(),
+            Some("array") => value.is_array(),
+            Some("string") => value.is_string(),
+            Some("integer") => value.is_i64() || value.is_u64(),
+            Some("number") => value.is_number(),
+            Some("boolean") => value.is_boolean(),
+            Some(_) => true,
+        };
+        if !type_ok {
+            out.push(format!("{path}: {value} is not of type {}", props["type"]));
+            return;
+        }
+        match value {
+            Value::Object(fields) => {
+                for required in props["required"].as_array().into_iter().flatten() {
+                    if let Some(field) = required.as_str()
+                        && !fields.contains_key(field)
+                    {
+                        out.push(format!("{path}.{field}: required"));
+                    }
+                }
+                let properties = props["properties"].as_object();
+                let additional = &props["additionalProperties"];
+                for (key, child) in fields {
+                    let child_path = format!("{path}.{key}");
+                    if let Some(child_schema) = properties.and_then(|p| p.get(key)) {
+                        self.walk(child_schema, child, &child_path, out);
+                    } else if additional.is_object() {
+                        self.walk(additional, child, &child_path, out);
+                    } else if properties.is_some() {
+                        out.push(format!("{child_path}: unknown field"));
+                    }
+                }
+            }
+            Value::Array(items) if props["items"].is_object() => {
+                for (index, item) in items.iter().enumerate() {
+                    self.walk(&props["items"], item, &format!("{path}[{index}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Paths in `original` that `typed` lacks or holds differently.
+fn differences(original: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
+    match (original, typed) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (key, value) in a {
+                match b.get(key) {
+                    Some(other) => differences(value, other, &format!("{path}.{key}"), out),
+                    None => out.push(format!("{path}.{key}: not a field of the type")),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (index, (x, y)) in a.iter().zip(b).enumerate() {
+                differences(x, y, &format!("{path}[{index}]"), out);
+            }
+        }
+        (a, b) if a == b => {}
+        (a, b) => out.push(format!("{path}: {a} became {b}")),
+    }
+}
+
+/// Decodes `document` as `K` and reports what did not survive the round trip.
+pub fn round_trip<K: DeserializeOwned + Serialize>(document: &Value) -> Vec<String> {
+    let typed: K = match serde_json::from_value(document.clone()) {
+        Ok(typed) => typed,
+        Err(error) => return vec![error.to_string()],
+    };
+    let mut out = Vec::new();
+    differences(
+        document,
+        &serde_json::to_value(typed).unwrap(),
+        "",
+        &mut out,
+    );
+    out
+}
+
+/// Decodes `document` into the `k8s-openapi` type of its kind.
+pub fn decode(document: &Value) -> Vec<String> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+    use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+    let api_version = document["apiVersion"].as_str().unwrap_or_default();
+    let kind = document["kind"].as_str().unwrap_or_default();
+    match (api_version, kind) {
+        ("v1", "Namespace") => round_trip::<Namespace>(document),
+        ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(document),
+        ("v1", "Pod") => round_trip::<Pod>(document),
+        ("v1", "Service") => round_trip::<Service>(document),
+        ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            round_trip::<ClusterRoleBinding>(document)
+        }
+        ("rbac.authorization.k8s.io/v1", "Role") => round_trip::<Role>(document),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => round_trip::<RoleBinding>(document),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            round_trip::<ValidatingAdmissionPolicy>(document)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            round_trip::<ValidatingAdmissionPolicyBinding>(document)
+        }
+        ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(document),
+        ("resource.k8s.io/v1", "ResourceClaim") => round_trip::<ResourceClaim>(document),
+        ("resource.k8s.io/v1", "ResourceClaimTemplate") => {
+            round_trip::<ResourceClaimTemplate>(document)
+        }
+        other => vec![format!("no k8s-openapi type for {other:?}; add one")],
+    }
+}
+
+/// `kind/name` of a document, for messages.
+pub fn describe(document: &Value) -> String {
+    format!(
+        "{}/{}",
+        document["kind"].as_str().unwrap_or("?"),
+        document["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
