@@ -888,7 +888,7 @@ async fn gpu_demo_runs_against_the_real_cluster() {
 /// process, and the Deployment has no probe, so its container is Ready once it runs), the readiness
 /// check passes once the test plays the daemon by creating its control socket, and the
 /// Foreground delete ends with the Deployment gone (the garbage collector removing its
-/// ReplicaSet and pod first). The whole prepare path is in `tests/prepare/mps_deployments.rs`;
+/// ReplicaSet and pod first). The whole prepare path is in `tests/sharing/mps_deployments.rs`;
 /// the mock machine has no `nvidia-smi` to run it here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mps_daemon_deployment_runs_on_its_node_and_is_deleted_in_the_foreground() {

@@ -4,7 +4,6 @@
 //! shares) is in `prepare/sharing.rs`, a module of this test binary.
 
 mod fixture;
-#[path = "prepare/sharing.rs"]
 mod sharing;
 
 use std::path::PathBuf;

@@ -15,7 +15,6 @@ use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;
 
-#[path = "mps_deployments.rs"]
 mod mps_deployments;
 
 /// A tool of the fixture's driver root, as the driver runs it.
