@@ -48,7 +48,8 @@ use serde_json::{Value, json};
 
 use crate::apiserver::FakeApiServer;
 use crate::kubelet::{KubeletError, KubeletSimulator, KubeletVersion, RegisteredPlugin};
-use dra_sdk::driver::{ClaimRef, Driver};
+use dra_sdk::claim::ClaimRef;
+use dra_sdk::driver::Driver;
 use dra_sdk::plugin::{KubeletPlugin, PluginBuilder, PluginError};
 use dra_sdk::slices::DriverResources;
 use dra_sdk_allocator::{AllocateClaimError, allocate_claim};

@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! # async fn demo(registration_socket: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-//! use dra_sdk::driver::ClaimRef;
+//! use dra_sdk::claim::ClaimRef;
 //! use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 //!
 //! let kubelet = KubeletSimulator::new(KubeletVersion::V1_36);
@@ -26,7 +26,7 @@ use dra_sdk::advanced::AuthorityRewriteStream;
 use dra_sdk::advanced::proto::health_v1alpha1 as health_pb;
 use dra_sdk::advanced::proto::pluginregistration as reg_pb;
 use dra_sdk::advanced::proto::{dra_v1, dra_v1beta1};
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::health::HealthStatus;
 
 /// Dial timeout of the kubelet's plugin watcher.

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 
 use crate::cluster::NODE_NAME;
 use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, DriverError};
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::health::HealthSource;
 use dra_sdk::slices::{Device, DriverResources};
 use serde::Deserialize;

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{

@@ -12,10 +12,13 @@
 //!   percent-encoded socket path the kubelet sends as HTTP/2 `:authority`;
 //! - [`bind_private`] and [`remove_socket`]: the plugin's Unix-socket helpers (owner-only
 //!   permissions, stale sockets replaced, regular files never removed), and [`unix_channel`],
-//!   a gRPC client channel to such a socket.
+//!   a gRPC client channel to such a socket;
+//! - [`nest_v1beta1_requests`]: the conversion the plugin applies to `resource.k8s.io/v1beta1`
+//!   claims, for tools that read such objects and want the `v1` shape.
 
 pub mod proto;
 
+pub use crate::claim::wire::nest_v1beta1_requests;
 pub use crate::plugin::authority::{AuthorityError, AuthorityRewriteStream};
 pub use crate::plugin::client::unix_channel;
 pub use crate::plugin::socket::{bind_private, remove_socket};

@@ -18,8 +18,9 @@
 //!
 //! ```no_run
 //! use dra_sdk::context::DriverContext;
-//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
-//! use dra_sdk::context::RecordedClaim;
+//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::driver::{Driver, PreparedClaim};
+//! use dra_sdk::claim::RecordedClaim;
 //! use dra_sdk::health::DeviceState;
 //! use dra_sdk::slices::{DeviceTaint, TaintEffect};
 //!
@@ -68,14 +69,13 @@ use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, PreparedDeviceRecord};
+use crate::checkpoint::{Checkpoint, CheckpointError, ClaimRecord};
+use crate::claim::locks::ClaimLocks;
+use crate::claim::{ClaimRef, DriverError, DriverStateError, RecordedClaim};
 use crate::device_status::DeviceStatusWriter;
-use crate::driver::{ClaimRef, DriverError, DriverStateError};
 use crate::health::{DeviceHealth, DeviceState, HealthReporter, HealthSource};
-use crate::plugin::locks::ClaimLocks;
 use crate::slices::{DriverResources, SliceUpdater};
 
 tokio::task_local! {
@@ -124,155 +124,6 @@ pub enum ContextError {
 impl From<ContextError> for DriverError {
     fn from(error: ContextError) -> Self {
         DriverError::other(error)
-    }
-}
-
-/// A claim as the checkpoint records it, for the driver: what the kubelet was given, the
-/// driver's own state, and whether prepare completed. [`Driver::unprepare`],
-/// [`Driver::rollback`] and [`Driver::reconcile`] receive it; the checkpoint's storage record
-/// ([`ClaimRecord`]) stays the SDK's business.
-///
-/// [`Driver::unprepare`]: crate::driver::Driver::unprepare
-/// [`Driver::rollback`]: crate::driver::Driver::rollback
-/// [`Driver::reconcile`]: crate::driver::Driver::reconcile
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct RecordedClaim {
-    /// The claim.
-    pub claim: ClaimRef,
-    /// Whether prepare completed. `false` for a prepare that was interrupted or failed half-way:
-    /// `devices` is then empty and `driver_state` holds whatever the driver recorded before the
-    /// interruption, so undo only what it proves was done, and tolerate missing pieces.
-    pub completed: bool,
-    /// The devices handed to the kubelet (empty unless `completed`).
-    pub devices: Vec<RecordedDevice>,
-    /// The driver state as stored; decode it with [`decode_state`](Self::decode_state).
-    pub driver_state: Option<serde_json::Value>,
-}
-
-impl RecordedClaim {
-    /// The driver's view of `record`, the checkpoint entry of `claim`.
-    pub(crate) fn from_record(claim: ClaimRef, record: &ClaimRecord) -> Self {
-        Self {
-            claim,
-            completed: record.is_completed(),
-            devices: record.devices.iter().map(RecordedDevice::from).collect(),
-            driver_state: record.driver_state.clone(),
-        }
-    }
-
-    /// A completed claim without devices or state, for a driver's own tests of
-    /// [`Driver::unprepare`](crate::driver::Driver::unprepare) and
-    /// [`Driver::reconcile`](crate::driver::Driver::reconcile).
-    ///
-    /// ```
-    /// use dra_sdk::context::{RecordedClaim, RecordedDevice};
-    /// use dra_sdk::driver::ClaimRef;
-    ///
-    /// let claim = RecordedClaim::new(ClaimRef::new("default", "gpu", "uid-1"))
-    ///     .with_device(RecordedDevice::new("node-a", "gpu-0").with_request("gpu"))
-    ///     .with_driver_state(serde_json::json!({ "bound": "vfio-pci" }));
-    /// assert_eq!(claim.devices[0].device, "gpu-0");
-    /// assert!(claim.completed);
-    /// assert!(!claim.interrupted().completed);
-    /// ```
-    pub fn new(claim: ClaimRef) -> Self {
-        Self {
-            claim,
-            completed: true,
-            devices: Vec::new(),
-            driver_state: None,
-        }
-    }
-
-    /// Marks the claim's prepare as interrupted (what [`Driver::rollback`] receives).
-    ///
-    /// [`Driver::rollback`]: crate::driver::Driver::rollback
-    #[must_use]
-    pub fn interrupted(mut self) -> Self {
-        self.completed = false;
-        self
-    }
-
-    /// Adds a prepared device.
-    #[must_use]
-    pub fn with_device(mut self, device: RecordedDevice) -> Self {
-        self.devices.push(device);
-        self
-    }
-
-    /// Sets the stored driver state.
-    #[must_use]
-    pub fn with_driver_state(mut self, state: serde_json::Value) -> Self {
-        self.driver_state = Some(state);
-        self
-    }
-
-    /// The driver state decoded into the driver's type; `None` when the claim has none.
-    pub fn decode_state<T: DeserializeOwned>(&self) -> Result<Option<T>, DriverStateError> {
-        crate::driver::decode_state(&self.claim, self.driver_state.as_ref())
-    }
-}
-
-/// One prepared device of a [`RecordedClaim`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RecordedDevice {
-    /// Base request names this device satisfies.
-    pub request_names: Vec<String>,
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device.
-    pub device: String,
-    /// Share ID of a consumable-capacity allocation, if any.
-    pub share_id: Option<String>,
-    /// CDI device IDs handed to the kubelet.
-    pub cdi_device_ids: Vec<String>,
-}
-
-impl RecordedDevice {
-    /// A device of `pool` for no request in particular, without share or CDI IDs.
-    pub fn new(pool: impl Into<String>, device: impl Into<String>) -> Self {
-        Self {
-            request_names: Vec::new(),
-            pool: pool.into(),
-            device: device.into(),
-            share_id: None,
-            cdi_device_ids: Vec::new(),
-        }
-    }
-
-    /// Adds a base request name this device satisfies.
-    #[must_use]
-    pub fn with_request(mut self, request: impl Into<String>) -> Self {
-        self.request_names.push(request.into());
-        self
-    }
-
-    /// Sets the share ID of a consumable-capacity allocation.
-    #[must_use]
-    pub fn with_share_id(mut self, share_id: impl Into<String>) -> Self {
-        self.share_id = Some(share_id.into());
-        self
-    }
-
-    /// Adds a CDI device ID handed to the kubelet.
-    #[must_use]
-    pub fn with_cdi_device_id(mut self, id: impl Into<String>) -> Self {
-        self.cdi_device_ids.push(id.into());
-        self
-    }
-}
-
-impl From<&PreparedDeviceRecord> for RecordedDevice {
-    fn from(record: &PreparedDeviceRecord) -> Self {
-        Self {
-            request_names: record.request_names.clone(),
-            pool: record.pool.clone(),
-            device: record.device.clone(),
-            share_id: record.share_id.clone(),
-            cdi_device_ids: record.cdi_device_ids.clone(),
-        }
     }
 }
 
@@ -509,7 +360,7 @@ impl DriverContext {
             .filter(|(_, record)| record.is_completed())
             .map(|(uid, record)| {
                 let claim = ClaimRef::new(&record.namespace, &record.name, uid);
-                RecordedClaim::from_record(claim, record)
+                record.recorded(claim)
             })
             .collect())
     }
@@ -525,7 +376,7 @@ impl DriverContext {
             .await?;
         Ok(record.filter(ClaimRecord::is_completed).map(|record| {
             let claim = ClaimRef::new(&record.namespace, &record.name, claim_uid);
-            RecordedClaim::from_record(claim, &record)
+            record.recorded(claim)
         }))
     }
 
@@ -541,7 +392,7 @@ impl DriverContext {
         claim_uid: &str,
         state: &T,
     ) -> Result<(), ContextError> {
-        let value = crate::driver::encode_state(state)?;
+        let value = crate::claim::encode_state(state)?;
         let inside = CLAIM_IN_PROGRESS
             .try_with(|uid| uid == claim_uid)
             .unwrap_or(false);
@@ -650,7 +501,7 @@ impl DriverContext {
     /// RBAC in [`crate::device_status`]; a refusal leaves the claim prepared.
     ///
     /// ```no_run
-    /// # async fn demo(ctx: dra_sdk::context::DriverContext, claim: dra_sdk::driver::ClaimRef)
+    /// # async fn demo(ctx: dra_sdk::context::DriverContext, claim: dra_sdk::claim::ClaimRef)
     /// # -> Result<(), Box<dyn std::error::Error>> {
     /// use dra_sdk::device_status::DeviceStatus;
     ///

@@ -36,7 +36,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::device_status::{DeviceStatus, DeviceStatusWriter};
-//! use dra_sdk::driver::ClaimRef;
+//! use dra_sdk::claim::ClaimRef;
 //!
 //! # async fn demo(client: kube::Client, claim: ClaimRef) -> Result<(), Box<dyn std::error::Error>> {
 //! let writer = DeviceStatusWriter::new(client, "net.example.com");
@@ -58,8 +58,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::claims::wire::{ClaimVersion, DiscoveryError, names_object};
-use crate::driver::ClaimRef;
+use crate::claim::ClaimRef;
+use crate::claim::wire::{ClaimVersion, DiscoveryError, names_object};
 use crate::slices::ResourceApiVersion;
 
 /// Most conditions per device.

@@ -4,20 +4,18 @@
 //! fully resolved [`Claim`] into container edits per device ([`PreparedClaim`]) and undoes that
 //! on unprepare.
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::cdi::ContainerEdits;
+use crate::claim::{
+    AllocatedDevice, Claim, ClaimRef, DriverError, DriverStateError, RecordedClaim, encode_state,
+};
 use crate::config::ConfigRegistry;
-use crate::context::{DriverContext, RecordedClaim};
+use crate::context::DriverContext;
 use crate::device_status::DeviceStatus;
 use crate::health::HealthSource;
 use crate::slices::PublishEvent;
@@ -31,8 +29,9 @@ use crate::slices::PublishEvent;
 ///
 /// ```no_run
 /// use dra_sdk::cdi::ContainerEdits;
-/// use dra_sdk::context::RecordedClaim;
-/// use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+/// use dra_sdk::claim::RecordedClaim;
+/// use dra_sdk::claim::{Claim, DriverError};
+/// use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 ///
 /// struct MyDriver;
 ///
@@ -223,212 +222,6 @@ impl<D: Driver> Driver for Arc<D> {
     }
 }
 
-/// Identity of a claim as the kubelet sends it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClaimRef {
-    /// The ResourceClaim's UID.
-    pub uid: String,
-    /// The ResourceClaim's namespace.
-    pub namespace: String,
-    /// The ResourceClaim's name.
-    pub name: String,
-}
-
-impl fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
-    }
-}
-
-impl ClaimRef {
-    /// A claim identity.
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        uid: impl Into<String>,
-    ) -> Self {
-        Self {
-            uid: uid.into(),
-            namespace: namespace.into(),
-            name: name.into(),
-        }
-    }
-}
-
-/// An allocated claim, reduced to what concerns this driver.
-///
-/// The plugin builds it from the ResourceClaim with [`claims::resolve`](crate::claims::resolve);
-/// a driver's unit tests build one directly:
-///
-/// ```
-/// use dra_sdk::driver::{AllocatedDevice, Claim, ClaimRef};
-///
-/// let claim: Claim<()> = Claim::new(ClaimRef::new("default", "gpu-claim", "uid-1"))
-///     .with_device(AllocatedDevice::new("gpu", "node-a", "gpu-0"))
-///     .with_device(AllocatedDevice::new("gpu", "node-a", "gpu-1").with_admin_access(true));
-/// assert_eq!(claim.devices.len(), 2);
-/// assert_eq!(claim.resource_claim.metadata.uid.as_deref(), Some("uid-1"));
-/// ```
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Claim<C> {
-    /// The claim's identity.
-    pub claim: ClaimRef,
-    /// The allocation results for this driver only, in allocation order.
-    pub devices: Vec<AllocatedDevice<C>>,
-    /// The full ResourceClaim as read from the API server, for anything not resolved above.
-    pub resource_claim: Arc<ResourceClaim>,
-}
-
-impl<C> Claim<C> {
-    /// A claim without devices whose ResourceClaim has only its namespace, name and UID set;
-    /// add devices with [`with_device`](Self::with_device) and the full object with
-    /// [`with_resource_claim`](Self::with_resource_claim).
-    pub fn new(claim: ClaimRef) -> Self {
-        let mut object = ResourceClaim::default();
-        object.metadata.namespace = Some(claim.namespace.clone());
-        object.metadata.name = Some(claim.name.clone());
-        object.metadata.uid = Some(claim.uid.clone());
-        Self {
-            claim,
-            devices: Vec::new(),
-            resource_claim: Arc::new(object),
-        }
-    }
-
-    /// Adds an allocated device, after those already there.
-    pub fn with_device(mut self, device: AllocatedDevice<C>) -> Self {
-        self.devices.push(device);
-        self
-    }
-
-    /// Replaces the ResourceClaim object handed to the driver.
-    pub fn with_resource_claim(mut self, object: Arc<ResourceClaim>) -> Self {
-        self.resource_claim = object;
-        self
-    }
-}
-
-/// One allocated device of a claim, with the configs that apply to it.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct AllocatedDevice<C> {
-    /// The request this device was allocated for; for a `firstAvailable` subrequest, the base
-    /// request name (what containers reference).
-    pub request: String,
-    /// The `firstAvailable` subrequest that was satisfied, if any.
-    pub subrequest: Option<String>,
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device within its pool.
-    pub device: String,
-    /// Identifies this share of a device that allows multiple allocations.
-    pub share_id: Option<String>,
-    /// Capacity consumed by this share (consumable capacity), keyed by qualified name.
-    pub consumed_capacity: BTreeMap<String, Quantity>,
-    /// Whether the device was allocated with admin access (monitoring, not exclusive use).
-    pub admin_access: bool,
-    /// The opaque configs that apply to this device, lowest precedence first: class configs,
-    /// then claim configs, each in declaration order. The last one wins.
-    pub configs: Vec<AppliedConfig<C>>,
-}
-
-impl<C> AllocatedDevice<C> {
-    /// A device allocated for `request` (the base request name), without share, capacity,
-    /// admin access or configs.
-    pub fn new(
-        request: impl Into<String>,
-        pool: impl Into<String>,
-        device: impl Into<String>,
-    ) -> Self {
-        Self {
-            request: request.into(),
-            subrequest: None,
-            pool: pool.into(),
-            device: device.into(),
-            share_id: None,
-            consumed_capacity: BTreeMap::new(),
-            admin_access: false,
-            configs: Vec::new(),
-        }
-    }
-
-    /// Sets the `firstAvailable` subrequest that was satisfied.
-    pub fn with_subrequest(mut self, subrequest: impl Into<String>) -> Self {
-        self.subrequest = Some(subrequest.into());
-        self
-    }
-
-    /// Sets the share ID of a device that allows multiple allocations.
-    pub fn with_share_id(mut self, share_id: impl Into<String>) -> Self {
-        self.share_id = Some(share_id.into());
-        self
-    }
-
-    /// Adds consumed capacity, e.g. `("memory", "10Gi")`.
-    pub fn with_consumed_capacity(
-        mut self,
-        name: impl Into<String>,
-        quantity: impl Into<String>,
-    ) -> Self {
-        self.consumed_capacity
-            .insert(name.into(), Quantity(quantity.into()));
-        self
-    }
-
-    /// Sets admin access.
-    pub fn with_admin_access(mut self, admin_access: bool) -> Self {
-        self.admin_access = admin_access;
-        self
-    }
-
-    /// Adds a config with a higher precedence than those already there.
-    pub fn with_config(mut self, source: ConfigSource, config: C) -> Self {
-        self.configs.push(AppliedConfig {
-            source,
-            config: Arc::new(config),
-        });
-        self
-    }
-
-    /// The config with the highest precedence, if any applies.
-    pub fn config(&self) -> Option<&C> {
-        self.configs.last().map(|applied| applied.config.as_ref())
-    }
-
-    /// `<pool>/<device>`, the way the kubelet names a device.
-    pub fn id(&self) -> String {
-        format!("{}/{}", self.pool, self.device)
-    }
-}
-
-/// A decoded opaque config and where it came from.
-#[derive(Debug)]
-pub struct AppliedConfig<C> {
-    /// DeviceClass or ResourceClaim.
-    pub source: ConfigSource,
-    /// The decoded config, shared by every device it applies to.
-    pub config: Arc<C>,
-}
-
-impl<C> Clone for AppliedConfig<C> {
-    fn clone(&self) -> Self {
-        Self {
-            source: self.source,
-            config: Arc::clone(&self.config),
-        }
-    }
-}
-
-/// Where an opaque config was declared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ConfigSource {
-    /// From the DeviceClass of the request (`FromClass`).
-    Class,
-    /// From the ResourceClaim itself (`FromClaim`).
-    Claim,
-}
-
 /// What a driver returns for a prepared claim.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
@@ -494,75 +287,11 @@ impl PreparedClaim {
     /// let prepared = PreparedClaim::new(Vec::new())
     ///     .with_typed_state(&MpsState { daemon: "mps-1".into() })?;
     /// assert_eq!(prepared.driver_state.unwrap()["daemon"], "mps-1");
-    /// # Ok::<(), dra_sdk::driver::DriverStateError>(())
+    /// # Ok::<(), dra_sdk::claim::DriverStateError>(())
     /// ```
     pub fn with_typed_state<T: Serialize>(mut self, state: &T) -> Result<Self, DriverStateError> {
         self.driver_state = Some(encode_state(state)?);
         Ok(self)
-    }
-}
-
-/// Encodes a typed driver state as JSON.
-pub(crate) fn encode_state<T: Serialize>(state: &T) -> Result<serde_json::Value, DriverStateError> {
-    serde_json::to_value(state).map_err(|source| DriverStateError::Encode {
-        type_name: std::any::type_name::<T>(),
-        source,
-    })
-}
-
-/// Decodes a claim's JSON driver state into `T`; `None` when the claim has none.
-pub(crate) fn decode_state<T: DeserializeOwned>(
-    claim: impl fmt::Display,
-    state: Option<&serde_json::Value>,
-) -> Result<Option<T>, DriverStateError> {
-    let Some(state) = state else {
-        return Ok(None);
-    };
-    serde_path_to_error::deserialize(state)
-        .map(Some)
-        .map_err(|error| {
-            let path = error.path().to_string();
-            DriverStateError::Decode {
-                claim: claim.to_string(),
-                type_name: std::any::type_name::<T>(),
-                path,
-                source: error.into_inner(),
-            }
-        })
-}
-
-/// A typed driver state that could not be encoded or decoded: the driver's state type changed
-/// incompatibly between versions, or a state was written by hand.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DriverStateError {
-    /// The state could not be encoded as JSON.
-    #[error("encoding the driver state as {type_name}: {source}")]
-    Encode {
-        /// The Rust type.
-        type_name: &'static str,
-        /// The serializer error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The stored state does not decode into the driver's type.
-    #[error("decoding the driver state of claim {claim} as {type_name} at `{path}`: {source}")]
-    Decode {
-        /// The claim: `namespace/name (uid)`, or `namespace/name` from a bare checkpoint record.
-        claim: String,
-        /// The Rust type.
-        type_name: &'static str,
-        /// Where in the state the mismatch is (`.` for the whole value).
-        path: String,
-        /// The deserializer error.
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-impl From<DriverStateError> for DriverError {
-    fn from(error: DriverStateError) -> Self {
-        DriverError::other(error)
     }
 }
 
@@ -651,48 +380,6 @@ impl PreparedDevice {
     pub fn with_cdi_device_id(mut self, id: impl Into<String>) -> Self {
         self.cdi_device_ids.push(id.into());
         self
-    }
-}
-
-/// Why a driver could not prepare or unprepare a claim.
-///
-/// The message is what users see in the pod's events, so make it specific.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DriverError {
-    /// One device could not be set up.
-    #[error("device {device}: {reason}")]
-    Device {
-        /// `<pool>/<device>` or the device name.
-        device: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// The claim's configuration is valid JSON but cannot be honoured on this node.
-    #[error("invalid configuration: {0}")]
-    InvalidConfig(String),
-    /// The node or device is temporarily unable to serve; the kubelet will retry.
-    #[error("temporarily unavailable: {0}")]
-    Unavailable(String),
-    /// Anything else.
-    #[error(transparent)]
-    Other(Box<dyn std::error::Error + Send + Sync>),
-}
-
-impl DriverError {
-    /// A short, stable label for metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            DriverError::Device { .. } => "device",
-            DriverError::InvalidConfig(_) => "invalid_config",
-            DriverError::Unavailable(_) => "unavailable",
-            DriverError::Other(_) => "other",
-        }
-    }
-
-    /// Wraps any error.
-    pub fn other(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
-        DriverError::Other(error.into())
     }
 }
 

@@ -7,8 +7,9 @@
 //!
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
-//! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+//! use dra_sdk::claim::RecordedClaim;
+//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 //! use dra_sdk::plugin::KubeletPlugin;
 //! use dra_sdk::slices::{Device, DriverResources};
 //!
@@ -66,7 +67,7 @@
 pub mod attributes;
 pub mod cdi;
 pub mod checkpoint;
-pub mod claims;
+pub mod claim;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod config;

@@ -33,8 +33,9 @@
 //! `examples/mock-gpu` runs with it on (`--device-metadata`).
 //!
 //! ```no_run
-//! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
+//! use dra_sdk::claim::RecordedClaim;
+//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::driver::{Driver, PreparedClaim};
 //!
 //! struct NicDriver;
 //!
@@ -348,7 +349,7 @@ impl MetadataDevice {
     /// [`DriverContext::resources`](crate::context::DriverContext::resources)), so containers
     /// see what the scheduler matched.
     pub fn for_claim<C>(
-        claim: &crate::driver::Claim<C>,
+        claim: &crate::claim::Claim<C>,
         resources: Option<&crate::slices::DriverResources>,
     ) -> Vec<Self> {
         claim

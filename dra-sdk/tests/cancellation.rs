@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use dra_sdk::advanced::proto::dra_v1;
 use dra_sdk::checkpoint::{Checkpoint, ClaimState};
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, DriverError};
 use dra_sdk::config::ConfigRegistry;
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim};
+use dra_sdk::driver::{Driver, PreparedClaim};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletVersion;

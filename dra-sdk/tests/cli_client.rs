@@ -3,9 +3,10 @@
 
 use clap::Parser;
 use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, DriverError};
 use dra_sdk::cli::PluginArgs;
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::rate_limit::ApiBudget;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};

@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, ConfigSource, DriverError};
 use dra_sdk::config::ConfigRegistry;
-use dra_sdk::context::{ContextError, DriverContext, RecordedClaim};
-use dra_sdk::driver::{
-    AllocatedDevice, Claim, ClaimRef, ConfigSource, Driver, DriverError, PluginEvent,
-    PreparedClaim, PreparedDevice, ReconcileError,
-};
+use dra_sdk::context::{ContextError, DriverContext};
+use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim, PreparedDevice, ReconcileError};
 use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, PluginError, RegistrationStatus};
 use dra_sdk::slices::{
@@ -610,7 +609,7 @@ async fn prepare_is_unit_testable_with_built_and_resolved_claims() {
             serde_json::json!({ "apiVersion": "gpu.example.com/v1", "kind": "GpuConfig", "sharing": "MPS" }),
         )
         .build();
-    let claim = dra_sdk::claims::resolve(
+    let claim = dra_sdk::claim::resolve(
         ClaimRef::new("default", "c", "uid-1"),
         Arc::new(object),
         DRIVER,

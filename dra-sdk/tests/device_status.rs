@@ -3,8 +3,8 @@
 //! checked before sending, a refused write (the 1.36 `resourceclaims/driver` authorization)
 //! reported clearly and changing nothing, a replaced claim not written.
 
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::device_status::{DeviceStatus, DeviceStatusError, DeviceStatusWriter};
-use dra_sdk::driver::ClaimRef;
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
@@ -302,8 +302,8 @@ impl dra_sdk::driver::Driver for StatusDriver {
 
     async fn prepare(
         &self,
-        claim: &dra_sdk::driver::Claim<Self::Config>,
-    ) -> Result<dra_sdk::driver::PreparedClaim, dra_sdk::driver::DriverError> {
+        claim: &dra_sdk::claim::Claim<Self::Config>,
+    ) -> Result<dra_sdk::driver::PreparedClaim, dra_sdk::claim::DriverError> {
         let mut prepared = dra_sdk_testing::sample_driver::prepare_gpus(claim);
         for device in &claim.devices {
             let status = DeviceStatus::new(&device.pool, &device.device)
@@ -321,8 +321,8 @@ impl dra_sdk::driver::Driver for StatusDriver {
 
     async fn unprepare(
         &self,
-        _: &dra_sdk::context::RecordedClaim,
-    ) -> Result<(), dra_sdk::driver::DriverError> {
+        _: &dra_sdk::claim::RecordedClaim,
+    ) -> Result<(), dra_sdk::claim::DriverError> {
         Ok(())
     }
 

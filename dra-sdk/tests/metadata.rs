@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use dra_sdk::cdi::{ContainerEdits, Spec};
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, DriverError};
 use dra_sdk::context::DriverContext;
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::cli::PluginArgs;
-use dra_sdk::driver::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};

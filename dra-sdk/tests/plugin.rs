@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, ClaimRef, DriverError};
 use dra_sdk::config::ConfigRegistry;
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
+use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
 use dra_sdk_testing::apiserver::{Fault, Verb};

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::slices::{Device, DriverResources, Pool};
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::claims::AllocatedClaim;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use dra_sdk::claims::__private::nest_v1beta1_requests;
+use dra_sdk::advanced::nest_v1beta1_requests;
 use dra_sdk::slices::ResourceApiVersion;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::conformance::slices;
 use dra_sdk_testing::kubelet::{

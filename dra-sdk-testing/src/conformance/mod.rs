@@ -19,8 +19,9 @@
 //!
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
-//! use dra_sdk::context::RecordedClaim;
-//! use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+//! use dra_sdk::claim::RecordedClaim;
+//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 //! use dra_sdk::slices::{Device, DriverResources};
 //! use dra_sdk_testing::cluster::NODE_NAME;
 //! use dra_sdk_testing::conformance::Conformance;

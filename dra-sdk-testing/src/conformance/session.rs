@@ -16,7 +16,7 @@ use crate::kubelet::{
     DraApi, KubeletDevice, KubeletSimulator, KubeletVersion, PrepareOutcome, RegisteredPlugin,
 };
 use dra_sdk::advanced::proto::pluginregistration as reg_pb;
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_allocator::{AllocateClaimError, allocate_claim};
 

@@ -1,5 +1,6 @@
 //! What the checkpoint remembers about one claim.
 
+use crate::claim::{ClaimRef, RecordedClaim, RecordedDevice};
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -145,8 +146,8 @@ impl ClaimRecord {
     /// ```
     pub fn decode_driver_state<T: serde::de::DeserializeOwned>(
         &self,
-    ) -> Result<Option<T>, crate::driver::DriverStateError> {
-        crate::driver::decode_state(
+    ) -> Result<Option<T>, crate::claim::DriverStateError> {
+        crate::claim::decode_state(
             format_args!("{}/{}", self.namespace, self.name),
             self.driver_state.as_ref(),
         )
@@ -184,6 +185,31 @@ impl PreparedDeviceRecord {
             pool: pool.into(),
             device: device.into(),
             ..Self::default()
+        }
+    }
+}
+
+impl ClaimRecord {
+    /// The driver's view of this record, the checkpoint entry of `claim`.
+    pub(crate) fn recorded(&self, claim: ClaimRef) -> RecordedClaim {
+        let record = self;
+        RecordedClaim {
+            claim,
+            completed: record.is_completed(),
+            devices: record.devices.iter().map(RecordedDevice::from).collect(),
+            driver_state: record.driver_state.clone(),
+        }
+    }
+}
+
+impl From<&PreparedDeviceRecord> for RecordedDevice {
+    fn from(record: &PreparedDeviceRecord) -> Self {
+        Self {
+            request_names: record.request_names.clone(),
+            pool: record.pool.clone(),
+            device: record.device.clone(),
+            share_id: record.share_id.clone(),
+            cdi_device_ids: record.cdi_device_ids.clone(),
         }
     }
 }

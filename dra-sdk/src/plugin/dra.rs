@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::driver::{ClaimRef, Driver};
+use crate::claim::ClaimRef;
+use crate::driver::Driver;
 use crate::health::{DeviceHealth, HealthSource, HealthStatus};
 use crate::plugin::node::NodeService;
 use crate::proto::health_v1alpha1 as health_pb;

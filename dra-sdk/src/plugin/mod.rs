@@ -24,7 +24,6 @@
 pub(crate) mod authority;
 pub(crate) mod client;
 mod dra;
-pub(crate) mod locks;
 mod node;
 mod registration;
 mod reports;
@@ -46,9 +45,11 @@ use tracing::Instrument as _;
 
 use crate::cdi::{Kind, SpecWriter};
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::claims::{ClaimReader, ReadPolicy};
-use crate::context::{DriverContext, RecordedClaim};
-use crate::driver::{Driver, DriverError, PluginEvent};
+use crate::claim::DriverError;
+use crate::claim::RecordedClaim;
+use crate::claim::{ClaimReader, ReadPolicy};
+use crate::context::DriverContext;
+use crate::driver::{Driver, PluginEvent};
 use crate::health::HealthSource;
 use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
@@ -58,9 +59,9 @@ pub use registration::RegistrationStatus;
 pub use socket::{SocketError, SocketPaths};
 
 use self::dra::{DraV1, DraV1beta1, HealthService};
-use self::locks::ClaimLocks;
 use self::node::NodeService;
 use self::registration::RegistrationService;
+use crate::claim::locks::{self, ClaimLocks};
 
 /// Why the plugin could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

@@ -30,13 +30,14 @@ use crate::cdi::{ClaimDevice, SpecWriter};
 use crate::checkpoint::{
     Checkpoint, CheckpointError, ClaimChange, ClaimRecord, ClaimState, PreparedDeviceRecord,
 };
-use crate::claims::{self, ClaimReader};
+use crate::claim::ClaimReader;
+use crate::claim::locks::{ClaimFileGuard, ClaimFileLocks, ClaimLocks, NodeGuard, NodeLock};
+use crate::claim::{Claim, ClaimRef, DriverError};
 use crate::config::ConfigRegistry;
-use crate::context::{CLAIM_IN_PROGRESS, RecordedClaim};
+use crate::context::CLAIM_IN_PROGRESS;
 use crate::device_status::DeviceStatus;
-use crate::driver::{Claim, ClaimRef, Driver, DriverError, PluginEvent, PreparedClaim};
+use crate::driver::{Driver, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
-use crate::plugin::locks::{ClaimFileGuard, ClaimFileLocks, ClaimLocks, NodeGuard, NodeLock};
 use crate::plugin::reports::{ClaimReports, check_statuses};
 
 /// Result of preparing one claim: its devices, or the message the kubelet shows.
@@ -246,8 +247,9 @@ impl<D: Driver> NodeService<D> {
             .read(&claim)
             .await
             .map_err(|error| (error.kind(), error.to_string()))?;
-        let claim = claims::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
-            .map_err(|error| (error.kind(), error.to_string()))?;
+        let claim =
+            crate::claim::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
+                .map_err(|error| (error.kind(), error.to_string()))?;
         // Checked before the driver sees the claim, and only for claims that are not prepared
         // yet: a prepared claim keeps what it was prepared with (the checkpoint answers it).
         let context = self.reports.context();
@@ -445,7 +447,7 @@ impl<D: Driver> NodeService<D> {
             tracing::debug!("claim not prepared on this node; nothing to do");
             return Ok(None);
         };
-        let recorded = RecordedClaim::from_record(claim.clone(), &record);
+        let recorded = record.recorded(claim.clone());
         guarded(self.driver.unprepare(&recorded)).await?;
         self.cdi
             .remove_claim(&claim.uid)
@@ -537,7 +539,7 @@ impl<D: Driver> NodeService<D> {
             Some(record) if record.state == ClaimState::PrepareStarted => record,
             _ => return Ok(()),
         };
-        let recorded = RecordedClaim::from_record(claim.clone(), &record);
+        let recorded = record.recorded(claim.clone());
         let outcome = guarded(self.driver.rollback(&recorded)).await;
         match outcome
             .map_err(|(_, message)| message)

@@ -17,9 +17,10 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::checkpoint::PreparedDeviceRecord;
+use crate::claim::{Claim, ClaimRef};
 use crate::context::DriverContext;
 use crate::device_status::{DeviceStatus, DeviceStatusWriter};
-use crate::driver::{Claim, ClaimRef, Driver, PluginEvent};
+use crate::driver::{Driver, PluginEvent};
 use crate::metadata::{
     ClaimMetadataFiles, MetadataClaim, MetadataDevice, MetadataListing, MetadataWriter,
 };
@@ -225,7 +226,7 @@ pub(crate) fn check_statuses<C>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::AllocatedDevice;
+    use crate::claim::AllocatedDevice;
 
     #[test]
     fn statuses_must_name_allocated_devices_and_keep_the_limits() {

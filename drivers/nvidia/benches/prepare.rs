@@ -22,7 +22,7 @@ use clap::Parser as _;
 use criterion::{Criterion, criterion_group, criterion_main};
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};

@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use dra_sdk::cdi::Spec;
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::{KubeletDevice, KubeletVersion};

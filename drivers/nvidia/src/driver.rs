@@ -65,13 +65,11 @@ use std::time::Duration;
 
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::checkpoint::ClaimRecord;
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::DriverContext;
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{
-    AllocatedDevice, Claim, ClaimRef, Driver, DriverError, PreparedClaim, PreparedDevice,
-    ReconcileError,
-};
+use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice, ReconcileError};
 use serde::{Deserialize, Serialize};
 
 pub use dynamic_mig::{KeptMigInstance, MigCleanup, MigInstance, OrphanMigInstance};

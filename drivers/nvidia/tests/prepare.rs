@@ -12,7 +12,7 @@ use std::time::Duration;
 use dra_driver_nvidia::driver::{DRIVER_NAME, NvidiaDriver, VfioBinder, VfioBinding};
 use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost};
 use dra_sdk::cdi::Spec;
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};

@@ -11,7 +11,7 @@ use dra_driver_nvidia::driver::{
     ClaimState, MigInstance, PreparedDeviceState, PreparedKind, VfioBinder,
 };
 use dra_driver_nvidia::host::CommandOutput;
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use fixture::*;
 
 fn vfio_state(device: &str, binding: dra_driver_nvidia::driver::VfioBinding) -> ClaimState {
@@ -221,7 +221,7 @@ async fn a_partition_two_completed_claims_share_is_kept_until_both_go() {
     use dra_driver_nvidia::backend::GpuBackend;
     use dra_driver_nvidia::mig::MigCall;
     use dra_driver_nvidia::sharing::SharedAllocation;
-    use dra_sdk::context::RecordedClaim;
+    use dra_sdk::claim::RecordedClaim;
     use dra_sdk::driver::Driver;
 
     let f = Fixture::new("dgx-a100");

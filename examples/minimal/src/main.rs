@@ -4,10 +4,11 @@
 
 use clap::Parser;
 use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::claim::RecordedClaim;
+use dra_sdk::claim::{Claim, DriverError};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
-use dra_sdk::context::RecordedClaim;
-use dra_sdk::driver::{Claim, Driver, DriverError, PreparedClaim, PreparedDevice};
+use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{Device, DriverResources, Quantity};
 use dra_sdk::{DeviceAttributes, OpaqueConfig};

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};

@@ -355,7 +355,7 @@ async fn status_write_on_node_2(
         .unwrap();
     let writer = DeviceStatusWriter::new(client_from(kubeconfig).await, DRIVER);
     let reference =
-        dra_sdk::driver::ClaimRef::new(namespace, "on-node-2", claim.metadata.uid.unwrap());
+        dra_sdk::claim::ClaimRef::new(namespace, "on-node-2", claim.metadata.uid.unwrap());
     let error = writer
         .apply(
             &reference,

@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use dra_sdk::driver::Driver;
+use dra_sdk_testing::deliverables::chart::round_trip;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use dra_sdk_testing::deliverables::chart::round_trip;
 use mock_gpu::MockGpuDriver;
 use serde_json::Value;
 

@@ -316,7 +316,7 @@ pub struct ConfigMismatch {
 }
 
 /// Picks the config of one device from the configs that apply to it, lowest precedence
-/// first (the order of [`AllocatedDevice::configs`](dra_sdk::driver::AllocatedDevice)).
+/// first (the order of [`AllocatedDevice::configs`](dra_sdk::claim::AllocatedDevice)).
 ///
 /// Returns the default config of `device_type` when none matches. See the
 /// [module documentation](self#which-config-applies-to-a-device) for the rules.

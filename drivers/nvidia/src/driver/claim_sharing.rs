@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::driver::{ClaimRef, DriverError};
+use dra_sdk::claim::{ClaimRef, DriverError};
 
 use super::{ClaimState, Inner, Planned, PreparedKind, ReconcileReport, Reservations, Target};
 use crate::config::{NvidiaConfig, SharingStrategy};

@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::driver::DriverError;
+use dra_sdk::claim::DriverError;
 use serde::{Deserialize, Serialize};
 
 use super::{ClaimState, Inner, PreparedKind, device_error};

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use dra_sdk::driver::ClaimRef;
+use dra_sdk::claim::ClaimRef;
 
 use super::{
     ClaimState, Inner, MigCleanup, NvidiaDriver, PreparedKind, Reservations, VfioBinding,

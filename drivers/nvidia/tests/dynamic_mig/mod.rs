@@ -6,7 +6,7 @@ use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
 use dra_driver_nvidia::mig::{MigCall, MigCallKind};
 use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::checkpoint::Checkpoint;
-use dra_sdk::context::RecordedClaim;
+use dra_sdk::claim::RecordedClaim;
 use dra_sdk::driver::Driver;
 use dra_sdk_testing::cluster::BOOT_ID;
 

@@ -16,18 +16,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 
-pub(crate) mod wire;
+use super::wire::{self, ClaimVersion, DiscoveryError, Fetched};
 
-/// Not part of the API: the claim reader's v1beta1 conversion, shared with `dractl` so that
-/// the tool and the plugin read old claims the same way.
-#[doc(hidden)]
-pub mod __private {
-    pub use super::wire::nest_v1beta1_requests;
-}
-use wire::{ClaimVersion, DiscoveryError, Fetched};
-
+use crate::claim::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource};
 use crate::config::{ConfigError, ConfigRegistry};
-use crate::driver::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource};
 
 /// Why a claim could not be read or resolved. Each variant fails only its claim.
 #[derive(Debug, thiserror::Error)]
@@ -266,9 +258,9 @@ fn check_claim(claim: &ClaimRef, object: &ResourceClaim) -> Result<(), ClaimErro
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dra_sdk::claims::resolve;
+/// use dra_sdk::claim::resolve;
 /// use dra_sdk::config::ConfigRegistry;
-/// use dra_sdk::driver::ClaimRef;
+/// use dra_sdk::claim::ClaimRef;
 /// use k8s_openapi::api::resource::v1::ResourceClaim;
 ///
 /// let object: ResourceClaim = serde_json::from_value(serde_json::json!({

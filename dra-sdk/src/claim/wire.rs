@@ -169,7 +169,22 @@ pub(crate) fn to_v1(
 }
 
 /// Converts the v1beta1 `DeviceRequest` array `requests` (of a claim, or of a claim template's
-/// claim spec) to the v1 shape. `dractl` converts the files it reads with this too.
+/// claim spec) to the v1 shape: a request's fields move under `exactly`, except in a
+/// `firstAvailable` request. `dractl` converts the files it reads with this too.
+///
+/// ```
+/// use dra_sdk::advanced::nest_v1beta1_requests;
+/// use serde_json::json;
+///
+/// let mut claim = json!({"spec": {"devices": {"requests": [
+///     {"name": "gpu", "deviceClassName": "gpu.example.com", "count": 2}
+/// ]}}});
+/// nest_v1beta1_requests(claim.pointer_mut("/spec/devices/requests"));
+/// assert_eq!(
+///     claim["spec"]["devices"]["requests"][0],
+///     json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com", "count": 2}})
+/// );
+/// ```
 pub fn nest_v1beta1_requests(requests: Option<&mut Value>) {
     for request in requests.and_then(Value::as_array_mut).into_iter().flatten() {
         if let Some(request) = request.as_object_mut() {

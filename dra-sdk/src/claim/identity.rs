@@ -1,0 +1,35 @@
+//! Which claim: the identity the kubelet sends.
+
+use std::fmt;
+
+/// Identity of a claim as the kubelet sends it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimRef {
+    /// The ResourceClaim's UID.
+    pub uid: String,
+    /// The ResourceClaim's namespace.
+    pub namespace: String,
+    /// The ResourceClaim's name.
+    pub name: String,
+}
+
+impl fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+impl ClaimRef {
+    /// A claim identity.
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+    ) -> Self {
+        Self {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
