@@ -17,8 +17,7 @@ use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{Context, DeclarationError, Env, ExecutionError, Program, Value};
 
 use super::model;
-use dra_sdk::k8s::QuantityValue as Quantity;
-use dra_sdk::k8s::Semver;
+use dra_sdk::k8s::{QuantityValue as Quantity, Semver};
 
 static QUANTITY_TYPE: Type = Type::new_unspecified_type("kubernetes.Quantity");
 static SEMVER_TYPE: Type = Type::new_unspecified_type("kubernetes.Semver");

@@ -17,8 +17,7 @@ use dra_sdk_allocator::{
 };
 use dra_sdk_testing::recordings::{files_with_suffix, recordings_or_skip};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::AllocationResult;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
 /// Parts of scenarios the allocator deliberately does not reproduce: `(scenario, part, why)`.

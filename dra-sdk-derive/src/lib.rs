@@ -1,5 +1,5 @@
 //! Derive macros for `dra-sdk`. Use them through the re-exports in `dra_sdk`
-//! (`dra_sdk::DeviceAttributes`, `dra_sdk::OpaqueConfig`); this crate holds only the entry
+//! (`dra_sdk::slices::DeviceAttributes`, `dra_sdk::config::OpaqueConfig`); this crate holds only the entry
 //! points, the logic works on `proc_macro2` and is unit-tested in its modules.
 
 use proc_macro::TokenStream;
@@ -15,9 +15,8 @@ mod opaque_config;
 ///
 /// ```
 /// # extern crate sdk as dra_sdk;
-/// use dra_sdk::DeviceAttributes;
+/// use dra_sdk::slices::{AttributeValue, Device, DeviceAttributes};
 /// use dra_sdk::attributes::{Bytes, Version};
-/// use dra_sdk::slices::{AttributeValue, Device};
 ///
 /// #[derive(DeviceAttributes)]
 /// struct Gpu {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use dra_sdk::cdi::{QualifiedName, Spec};
+use dra_sdk::advanced::cdi::{QualifiedName, Spec};
 
 /// The spec files of a CDI root and their contents at one moment.
 #[derive(Debug, Default)]

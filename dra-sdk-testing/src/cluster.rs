@@ -192,10 +192,9 @@ impl TestCluster {
             .resources(resources)
             .start()
             .await?;
-        if let Some(publisher) = plugin.publisher()
-            && tokio::time::timeout(PUBLISH_TIMEOUT, publisher.synced())
-                .await
-                .is_err()
+        if tokio::time::timeout(PUBLISH_TIMEOUT, plugin.published())
+            .await
+            .is_err()
         {
             // Best effort: the plugin is dropped with the error either way.
             let _ = plugin.shutdown().await;

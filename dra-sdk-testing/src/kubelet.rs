@@ -23,9 +23,9 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
 use dra_sdk::advanced::AuthorityRewriteStream;
-use dra_sdk::advanced::proto::health_v1alpha1 as health_pb;
-use dra_sdk::advanced::proto::pluginregistration as reg_pb;
-use dra_sdk::advanced::proto::{dra_v1, dra_v1beta1};
+use dra_sdk::advanced::proto::{
+    dra_v1, dra_v1beta1, health_v1alpha1 as health_pb, pluginregistration as reg_pb,
+};
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::health::HealthStatus;
 

@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 
 use crate::cluster::NODE_NAME;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, DriverError};
+use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 use dra_sdk::config::{ConfigHooks, ConfigRegistry, OpaqueConfig};
+use dra_sdk::context::DriverContext;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
-use dra_sdk::health::HealthSource;
+use dra_sdk::health::DeviceState;
 use dra_sdk::slices::{Device, DriverResources};
 use serde::Deserialize;
 
@@ -50,8 +50,9 @@ pub fn gpus_on(node: &str, n: usize) -> DriverResources {
 /// health.
 #[derive(Clone, Default)]
 pub struct GpuDriver {
-    /// Device health the plugin streams to the kubelet.
-    pub health: Option<HealthSource>,
+    /// The device states it reports when it starts; `None`: it does not report health. A
+    /// test changes them later through the plugin's context.
+    pub health: Option<Vec<DeviceState>>,
 }
 
 #[async_trait::async_trait]
@@ -70,8 +71,13 @@ impl Driver for GpuDriver {
         Ok(())
     }
 
-    fn health(&self) -> Option<HealthSource> {
-        self.health.clone()
+    fn reports_health(&self) -> bool {
+        self.health.is_some()
+    }
+
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        ctx.set_device_states(self.health.iter().flatten().cloned());
+        Ok(())
     }
 }
 
@@ -111,8 +117,9 @@ pub fn leak_spec(cdi_root: &Path, claim_uid: &str) -> Result<(), DriverError> {
 /// or leaks a CDI spec per claim (see [`leak_spec`]).
 #[derive(Clone, Default)]
 pub struct EnvDriver {
-    /// Device health the plugin streams to the kubelet.
-    pub health: Option<HealthSource>,
+    /// The device states it reports when it starts; `None`: it does not report health. A
+    /// test changes them later through the plugin's context.
+    pub health: Option<Vec<DeviceState>>,
     /// Writes a spec file per claim that it never removes.
     pub leak_into: Option<PathBuf>,
 }
@@ -137,7 +144,12 @@ impl Driver for EnvDriver {
         Ok(())
     }
 
-    fn health(&self) -> Option<HealthSource> {
-        self.health.clone()
+    fn reports_health(&self) -> bool {
+        self.health.is_some()
+    }
+
+    async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {
+        ctx.set_device_states(self.health.iter().flatten().cloned());
+        Ok(())
     }
 }

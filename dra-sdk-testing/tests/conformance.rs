@@ -2,7 +2,7 @@
 //! in process and as a remote target; broken drivers and plugins fail the case that covers
 //! their defect, and the report names it.
 
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
+use dra_sdk::health::DeviceState;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::conformance::{Case, Conformance, Outcome, Report};
 
@@ -17,14 +17,12 @@ fn outcome(report: &Report, case: Case) -> &Outcome {
 
 #[tokio::test]
 async fn a_correct_driver_passes_every_case_in_process() {
-    let (reporter, source) = HealthReporter::new();
-    reporter.set(
-        (0..4)
-            .map(|i| DeviceHealth::new(NODE_NAME, format!("gpu-{i}"), HealthStatus::Healthy))
-            .collect(),
-    );
     let driver = GpuDriver {
-        health: Some(source),
+        health: Some(
+            (0..4)
+                .map(|i| DeviceState::healthy(NODE_NAME, format!("gpu-{i}")))
+                .collect(),
+        ),
     };
     let report = Conformance::in_process(DRIVER, gpus(4), move || driver.clone())
         .run()
@@ -177,7 +175,7 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         .start()
         .await
         .unwrap();
-    plugin.publisher().unwrap().synced().await;
+    plugin.published().await;
     // Another writer adds a pool with five taints on a device (1.34 allows four, the 1.36
     // server stores it) and a list attribute (1.36 only); the allocator never picks tainted
     // devices. (An attribute over 64 characters cannot be stored: the server refuses it.)
@@ -239,8 +237,7 @@ mod raw {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use dra_sdk::advanced::proto::pluginregistration as reg;
-    use dra_sdk::advanced::proto::{dra_v1, dra_v1beta1};
+    use dra_sdk::advanced::proto::{dra_v1, dra_v1beta1, pluginregistration as reg};
     use dra_sdk::tonic::{self, Request, Response, Status};
     use futures::TryStreamExt;
     use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -470,9 +467,12 @@ mod raw {
 /// Runs the suite against a raw plugin with `flaw`, its slices published on a test cluster.
 async fn run_against_raw(flaw: raw::Flaw) -> Report {
     let cluster = TestCluster::start().await.unwrap();
-    let publisher =
-        dra_sdk::slices::ResourceSlicePublisher::for_node(cluster.client(), DRIVER, NODE_NAME)
-            .spawn(gpus(4));
+    let publisher = dra_sdk::advanced::slices::ResourceSlicePublisher::for_node(
+        cluster.client(),
+        DRIVER,
+        NODE_NAME,
+    )
+    .spawn(gpus(4));
     publisher.synced().await;
     let socket = raw::serve(cluster.path(), cluster.client(), flaw);
     let report = Conformance::remote(&socket)

@@ -10,12 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use dra_sdk::advanced::slices::ResourceSlicePublisher;
 use dra_sdk::claim::ClaimRef;
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
+use dra_sdk::health::DeviceState;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk::slices::{
     CapacityRequestPolicy, CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool,
-    ResourceSlicePublisher, TaintEffect,
+    TaintEffect,
 };
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use dra_sdk_testing::e2e::{
@@ -74,8 +75,7 @@ async fn start_plugin(
         builder = builder.pod_uid(uid);
     }
     let plugin = builder.start().await.unwrap();
-    let publisher = plugin.publisher().expect("the plugin publishes");
-    tokio::time::timeout(TIMEOUT, publisher.synced())
+    tokio::time::timeout(TIMEOUT, plugin.published())
         .await
         .expect("the plugin's slices are written");
     plugin
@@ -734,19 +734,15 @@ async fn device_health_reaches_the_pod_status() {
         return;
     };
     let driver = "health.gpu.example.com";
-    let (reporter, source) = HealthReporter::new();
-    let healthy = |status| {
-        (0..2)
-            .map(|i| DeviceHealth::new("node-1", format!("gpu-{i}"), status))
-            .collect::<Vec<_>>()
-    };
-    reporter.set(healthy(HealthStatus::Healthy));
+    let states = |state: fn(String) -> DeviceState| (0..2).map(move |i| state(format!("gpu-{i}")));
+    let healthy = |device: String| DeviceState::healthy("node-1", device);
+    let unhealthy = |device: String| DeviceState::unhealthy("node-1", device, "XID 79");
     let client = cluster.client().await.unwrap();
     let plugin = cluster
         .plugin(
             "node-1",
             GpuDriver {
-                health: Some(source),
+                health: Some(states(healthy).collect()),
             },
             driver,
             client.clone(),
@@ -811,10 +807,10 @@ async fn device_health_reaches_the_pod_status() {
         }
     };
     health_in_status("Healthy").await;
-    reporter.set(healthy(HealthStatus::Unhealthy));
+    plugin.context().set_device_states(states(unhealthy));
     let statuses = health_in_status("Unhealthy").await;
     eprintln!("pod status with an unhealthy device: {statuses}");
-    reporter.set(healthy(HealthStatus::Healthy));
+    plugin.context().set_device_states(states(healthy));
     health_in_status("Healthy").await;
 
     workload::delete_pods(&client, &namespace, &["watched"], TIMEOUT)
@@ -829,10 +825,7 @@ async fn device_health_reaches_the_pod_status() {
 /// which is what the fake API server emulates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standard_and_list_attributes_on_a_real_api_server() {
-    use dra_sdk::attributes::{
-        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PciAttributes, PciBusId,
-        PcieRoot,
-    };
+    use dra_sdk::attributes::{NumaNode, NumaNodeForm, PciAttributes, PciBusId, PcieRoot};
 
     let Some(binaries) = binaries_or_skip() else {
         return;
@@ -910,14 +903,14 @@ async fn standard_and_list_attributes_on_a_real_api_server() {
             .items;
         let attributes = &stored[0].data["spec"]["devices"][0]["attributes"];
         assert_eq!(
-            attributes[PCI_BUS_ID_ATTRIBUTE],
+            attributes[PciBusId::ATTRIBUTE],
             json!({ "string": "0000:3b:00.0" })
         );
         assert_eq!(
             attributes["resource.kubernetes.io/pcieRoot"],
             json!({ "string": "pci0000:3a" })
         );
-        assert_eq!(attributes[NUMA_NODE_ATTRIBUTE], json!({ "ints": [1] }));
+        assert_eq!(attributes[NumaNode::ATTRIBUTE], json!({ "ints": [1] }));
         assert_eq!(attributes["vlans"], json!({ "ints": [10, 20] }));
         publisher.stop().await;
     }

@@ -12,11 +12,14 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use dra_sdk::advanced::slices::{
+    KubernetesVersion, SliceLimits, ValidationError, validate_driver_name,
+};
+use dra_sdk::k8s_openapi::api::core::v1::NodeSelector;
 use dra_sdk::slices::{
     AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceCapacity,
-    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, KubernetesVersion,
-    NodeSelector, Pool, PoolNodeSelection, Quantity, SliceLimits, TaintEffect, ValidRequestValues,
-    ValidationError, validate_driver_name,
+    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, Pool,
+    PoolNodeSelection, Quantity, TaintEffect, ValidRequestValues,
 };
 use dra_sdk_testing::apiserver::{FakeApiServer, ResourceType};
 use dra_sdk_testing::recordings::recordings_or_skip;

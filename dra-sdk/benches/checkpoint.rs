@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
 use serde_json::json;
 
 const BOOT: &str = "4aa5e138-5a24-4e64-9b5c-cb9e08c7014f";

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use criterion::{Criterion, criterion_group, criterion_main};
+use dra_sdk::advanced::rate_limit::RateLimitLayer;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::rate_limit::RateLimitLayer;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};

@@ -7,9 +7,8 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dra_sdk::slices::{
-    Device, DeviceCapacity, DriverResources, PublisherHandle, ResourceSlicePublisher,
-};
+use dra_sdk::advanced::slices::{PublisherHandle, ResourceSlicePublisher};
+use dra_sdk::slices::{Device, DeviceCapacity, DriverResources};
 use dra_sdk_testing::apiserver::{FakeApiServer, Stats};
 use k8s_openapi::api::core::v1::Node;
 

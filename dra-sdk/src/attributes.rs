@@ -56,8 +56,7 @@ use crate::slices::{AttributeValue, DeviceCapacity, Quantity};
 mod standard;
 
 pub use standard::{
-    NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
-    PciAttributes, PciBusId, PcieRoot, StandardAttributeError,
+    NumaNode, NumaNodeForm, PciAttributes, PciBusId, PcieRoot, StandardAttributeError,
 };
 
 /// Longest string or version attribute value the API server accepts.

@@ -22,7 +22,7 @@
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 
-use crate::rate_limit::RateLimitLayer;
+use crate::advanced::rate_limit::RateLimitLayer;
 use crate::{DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRAR_DIR};
 
 /// The SDK's flags. Flatten with `#[command(flatten)]`.
@@ -83,7 +83,7 @@ pub struct PluginArgs {
     #[arg(
         long,
         env = "KUBE_API_PREPARE_QPS",
-        default_value_t = crate::rate_limit::DEFAULT_PREPARE_LIMIT.0,
+        default_value_t = crate::advanced::rate_limit::DEFAULT_PREPARE_LIMIT.0,
         allow_negative_numbers = true
     )]
     pub kube_api_prepare_qps: f64,
@@ -92,7 +92,7 @@ pub struct PluginArgs {
     #[arg(
         long,
         env = "KUBE_API_PREPARE_BURST",
-        default_value_t = crate::rate_limit::DEFAULT_PREPARE_LIMIT.1
+        default_value_t = crate::advanced::rate_limit::DEFAULT_PREPARE_LIMIT.1
     )]
     pub kube_api_prepare_burst: u32,
 
@@ -105,7 +105,7 @@ pub struct PluginArgs {
 }
 
 /// The most worker threads [`PluginArgs::runtime`] starts unless `--worker-threads` says more.
-pub const DEFAULT_MAX_WORKER_THREADS: usize = 4;
+pub(crate) const DEFAULT_MAX_WORKER_THREADS: usize = 4;
 
 /// Why [`PluginArgs::kube_client`] could not build a client.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +116,7 @@ pub enum ClientError {
     Kube(#[from] kube::Error),
     /// `--kube-api-qps` or `--kube-api-burst` cannot be used.
     #[error(transparent)]
-    RateLimit(#[from] crate::rate_limit::RateLimitError),
+    RateLimit(#[from] crate::advanced::rate_limit::RateLimitError),
 }
 
 /// A flag value that cannot be used.
@@ -128,6 +128,9 @@ pub struct ArgsError {
 }
 
 impl PluginArgs {
+    /// The most worker threads a plugin starts without `--max-worker-threads`.
+    pub const DEFAULT_MAX_WORKER_THREADS: usize = DEFAULT_MAX_WORKER_THREADS;
+
     /// The HTTP endpoint address; `None` when disabled. `:8080` means all interfaces.
     pub fn http_endpoint(&self) -> Result<Option<SocketAddr>, ArgsError> {
         parse_endpoint(&self.http_endpoint).map_err(|message| ArgsError {
@@ -150,7 +153,7 @@ impl PluginArgs {
     }
 
     /// The number of worker threads for the plugin's runtime: `--worker-threads`, else the
-    /// CPUs available, at most [`DEFAULT_MAX_WORKER_THREADS`].
+    /// CPUs available, at most [`DEFAULT_MAX_WORKER_THREADS`](Self::DEFAULT_MAX_WORKER_THREADS).
     pub fn worker_threads(&self) -> usize {
         self.worker_threads.map_or_else(
             || {
@@ -191,8 +194,10 @@ impl PluginArgs {
 
     /// The client-side rate limits: `--kube-api-qps` and `--kube-api-burst` for background
     /// requests, `--kube-api-prepare-qps` and `--kube-api-prepare-burst` for the claim reads
-    /// of prepares (see [`rate_limit`](crate::rate_limit)).
-    pub fn rate_limit(&self) -> Result<RateLimitLayer, crate::rate_limit::RateLimitError> {
+    /// of prepares (see [`rate_limit`](crate::advanced::rate_limit)).
+    pub fn rate_limit(
+        &self,
+    ) -> Result<RateLimitLayer, crate::advanced::rate_limit::RateLimitError> {
         RateLimitLayer::new(self.kube_api_qps, self.kube_api_burst)?
             .prepare(self.kube_api_prepare_qps, self.kube_api_prepare_burst)
     }

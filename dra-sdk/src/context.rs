@@ -18,9 +18,8 @@
 //!
 //! ```no_run
 //! use dra_sdk::context::DriverContext;
-//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 //! use dra_sdk::driver::{Driver, PreparedClaim};
-//! use dra_sdk::claim::RecordedClaim;
 //! use dra_sdk::health::DeviceState;
 //! use dra_sdk::slices::{DeviceTaint, TaintEffect};
 //!
@@ -71,7 +70,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{Checkpoint, CheckpointError, ClaimRecord};
+use crate::advanced::checkpoint::{Checkpoint, CheckpointError, ClaimRecord};
 use crate::claim::locks::ClaimLocks;
 use crate::claim::{ClaimRef, DriverError, DriverStateError, RecordedClaim};
 use crate::device_status::DeviceStatusWriter;

@@ -63,15 +63,15 @@ use crate::claim::wire::{ClaimVersion, DiscoveryError, names_object};
 use crate::slices::ResourceApiVersion;
 
 /// Most conditions per device.
-pub const MAX_CONDITIONS: usize = 8;
+pub(crate) const MAX_CONDITIONS: usize = 8;
 /// Largest `data`, in bytes of JSON.
-pub const MAX_DATA_BYTES: usize = 10 * 1024;
+pub(crate) const MAX_DATA_BYTES: usize = 10 * 1024;
 /// Most IPs in `networkData.ips`.
-pub const MAX_IPS: usize = 16;
+pub(crate) const MAX_IPS: usize = 16;
 /// Longest `networkData.interfaceName`.
-pub const MAX_INTERFACE_NAME: usize = 256;
+pub(crate) const MAX_INTERFACE_NAME: usize = 256;
 /// Longest `networkData.hardwareAddress`.
-pub const MAX_HARDWARE_ADDRESS: usize = 128;
+pub(crate) const MAX_HARDWARE_ADDRESS: usize = 128;
 /// Longest condition message (metav1.Condition).
 const MAX_CONDITION_MESSAGE: usize = 32768;
 /// Longest condition reason (metav1.Condition).
@@ -111,6 +111,17 @@ pub struct NetworkDeviceData {
 }
 
 impl DeviceStatus {
+    /// Most conditions a device's status may hold.
+    pub const MAX_CONDITIONS: usize = MAX_CONDITIONS;
+    /// Most bytes of the opaque `data` of a device's status.
+    pub const MAX_DATA_BYTES: usize = MAX_DATA_BYTES;
+    /// Most IP addresses in a device's network data.
+    pub const MAX_IPS: usize = MAX_IPS;
+    /// Longest interface name in a device's network data.
+    pub const MAX_INTERFACE_NAME: usize = MAX_INTERFACE_NAME;
+    /// Longest hardware address in a device's network data.
+    pub const MAX_HARDWARE_ADDRESS: usize = MAX_HARDWARE_ADDRESS;
+
     /// An empty status of `pool`/`device`.
     pub fn new(pool: impl Into<String>, device: impl Into<String>) -> Self {
         Self {

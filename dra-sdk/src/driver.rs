@@ -17,7 +17,6 @@ use crate::claim::{
 use crate::config::ConfigRegistry;
 use crate::context::DriverContext;
 use crate::device_status::DeviceStatus;
-use crate::health::HealthSource;
 use crate::slices::PublishEvent;
 
 /// A DRA driver: prepares and unprepares the devices of allocated claims on one node.
@@ -29,8 +28,7 @@ use crate::slices::PublishEvent;
 ///
 /// ```no_run
 /// use dra_sdk::cdi::ContainerEdits;
-/// use dra_sdk::claim::RecordedClaim;
-/// use dra_sdk::claim::{Claim, DriverError};
+/// use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 /// use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 ///
 /// struct MyDriver;
@@ -125,17 +123,6 @@ pub trait Driver: Send + Sync + 'static {
         false
     }
 
-    /// The driver's device health from its own [`HealthReporter`](crate::health::HealthReporter),
-    /// if it monitors health that way.
-    ///
-    /// When `Some`, the plugin serves and advertises the kubelet's `DRAResourceHealth` stream
-    /// from this source (and [`DriverContext::set_device_state`] then only taints devices);
-    /// when `None` and [`reports_health`](Self::reports_health) is `false`, the service is not
-    /// advertised.
-    fn health(&self) -> Option<HealthSource> {
-        None
-    }
-
     /// Whether the plugin writes KEP-5304 device metadata for the claims this driver prepares
     /// (alpha in Kubernetes 1.36). When `true`, after each successful [`prepare`](Self::prepare)
     /// the plugin writes one metadata file per request with the allocated devices and the
@@ -143,7 +130,7 @@ pub trait Driver: Send + Sync + 'static {
     /// containers using the request; the spec's CDI device is handed to the kubelet with the
     /// request's devices and recorded in the checkpoint. Unprepare, the rollback of an
     /// interrupted prepare and the start-up sweep of orphans remove the files like CDI specs.
-    /// Paths and format: [`crate::metadata`]. Default `false`.
+    /// Paths and format: [`crate::advanced::metadata`]. Default `false`.
     fn device_metadata(&self) -> bool {
         false
     }
@@ -203,10 +190,6 @@ impl<D: Driver> Driver for Arc<D> {
 
     fn reports_health(&self) -> bool {
         (**self).reports_health()
-    }
-
-    fn health(&self) -> Option<HealthSource> {
-        (**self).health()
     }
 
     fn device_metadata(&self) -> bool {

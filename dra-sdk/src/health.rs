@@ -1,22 +1,11 @@
 //! Device health: what a driver reports, and what the kubelet's health stream carries.
 //!
-//! A driver that monitors its devices creates a [`HealthReporter`] / [`HealthSource`] pair,
-//! returns the source from [`Driver::health`](crate::driver::Driver::health), and calls
-//! [`HealthReporter::set`] whenever its view changes. The plugin then serves the kubelet's
-//! `NodeWatchResources` stream with the full device list on every change, re-sent often enough
-//! that the kubelet never marks a device stale.
-//!
-//! ```
-//! use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
-//!
-//! let (reporter, source) = HealthReporter::new();
-//! reporter.set(vec![DeviceHealth::new("node-a", "gpu-0", HealthStatus::Healthy)]);
-//! assert_eq!(source.current()[0].status, HealthStatus::Healthy);
-//! ```
-//!
-//! A driver that also wants unhealthy devices tainted in its ResourceSlices uses
-//! [`DeviceState`] with [`DriverContext::set_device_state`](crate::context::DriverContext::set_device_state)
-//! instead: one call updates the health stream and the taints.
+//! There is one way to report it: a driver whose
+//! [`reports_health`](crate::driver::Driver::reports_health) is `true` sets a [`DeviceState`]
+//! per device with [`DriverContext::set_device_state`](crate::context::DriverContext::set_device_state)
+//! whenever its view changes. One call updates the kubelet's `NodeWatchResources` stream (the
+//! full device list on every change, re-sent often enough that the kubelet never marks a
+//! device stale) and the taints the device carries in the published ResourceSlices.
 
 use std::time::Duration;
 
@@ -142,79 +131,39 @@ pub enum HealthStatus {
     Unhealthy,
 }
 
-/// The driver's handle to publish device health.
+/// The context's handle to publish device health.
 #[derive(Clone, Debug)]
-pub struct HealthReporter {
+pub(crate) struct HealthReporter {
     sender: watch::Sender<Vec<DeviceHealth>>,
 }
 
 impl HealthReporter {
     /// A reporter and the source the plugin reads from. Starts with no devices.
-    pub fn new() -> (HealthReporter, HealthSource) {
+    pub(crate) fn new() -> (HealthReporter, HealthSource) {
         let (sender, receiver) = watch::channel(Vec::new());
         (HealthReporter { sender }, HealthSource { receiver })
     }
 
     /// Replaces the full device list.
-    pub fn set(&self, devices: Vec<DeviceHealth>) {
+    pub(crate) fn set(&self, devices: Vec<DeviceHealth>) {
         self.sender.send_replace(devices);
-    }
-
-    /// Changes the status of one device (added if unknown so far); no-op when nothing changes.
-    pub fn update(&self, health: DeviceHealth) {
-        self.sender.send_if_modified(|devices| {
-            match devices
-                .iter_mut()
-                .find(|d| d.pool == health.pool && d.device == health.device)
-            {
-                Some(existing) if *existing == health => false,
-                Some(existing) => {
-                    *existing = health;
-                    true
-                }
-                None => {
-                    devices.push(health);
-                    true
-                }
-            }
-        });
     }
 }
 
 /// The plugin's side of a [`HealthReporter`].
 #[derive(Clone, Debug)]
-pub struct HealthSource {
+pub(crate) struct HealthSource {
     receiver: watch::Receiver<Vec<DeviceHealth>>,
 }
 
 impl HealthSource {
     /// The current full device list.
-    pub fn current(&self) -> Vec<DeviceHealth> {
+    #[cfg(test)]
+    pub(crate) fn current(&self) -> Vec<DeviceHealth> {
         self.receiver.borrow().clone()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<Vec<DeviceHealth>> {
         self.receiver.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn update_notifies_only_on_change() {
-        let (reporter, source) = HealthReporter::new();
-        let mut rx = source.subscribe();
-        rx.borrow_and_update();
-        reporter.update(DeviceHealth::new("p", "d", HealthStatus::Healthy));
-        assert!(rx.has_changed().unwrap());
-        rx.borrow_and_update();
-        reporter.update(DeviceHealth::new("p", "d", HealthStatus::Healthy));
-        assert!(!rx.has_changed().unwrap());
-        reporter.update(DeviceHealth::new("p", "d", HealthStatus::Unhealthy));
-        assert!(rx.has_changed().unwrap());
-        assert_eq!(source.current().len(), 1);
-        assert_eq!(source.current()[0].status, HealthStatus::Unhealthy);
     }
 }

@@ -7,8 +7,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
-//! use dra_sdk::claim::RecordedClaim;
-//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 //! use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 //! use dra_sdk::plugin::KubeletPlugin;
 //! use dra_sdk::slices::{Device, DriverResources};
@@ -44,29 +43,31 @@
 //! ```
 //!
 //! Modules, one concept each:
-//! - [`driver`]: the trait and the types a driver sees;
-//! - [`context`]: the runtime handle a driver keeps: publish devices, report health and
-//!   taints, stop on shutdown, read and update prepared claims;
-//! - [`plugin`]: sockets, registration, the DRA gRPC services, the run loop;
+//! - [`claim`]: the claim vocabulary everything builds on: which claim, the claim a driver
+//!   prepares, the claim the checkpoint recorded, what can go wrong with one;
+//! - [`driver`]: the trait a driver implements, and what it returns;
+//! - [`context`]: the runtime handle a driver keeps, the one way to publish devices and report
+//!   health and taints; it also stops on shutdown and reads and updates prepared claims;
+//! - [`plugin`]: the plugin and its builder: sockets, registration, the DRA gRPC services, the
+//!   run loop;
 //! - [`config`]: opaque claim configuration, decoded strictly into the driver's types;
-//! - [`checkpoint`]: durable record of prepared claims;
-//! - [`cdi`]: CDI spec types, validation and per-claim spec files;
-//! - [`slices`]: the device model and the ResourceSlice publisher;
-//! - [`health`]: device health for the kubelet's health stream;
-//! - [`k8s`]: Kubernetes quantities, name rules and semantic versions, parsed once;
+//! - [`cdi`]: the container edits a driver returns;
+//! - [`slices`]: the device model a driver publishes;
+//! - [`attributes`]: typed device attributes and capacities, and the standard ones;
+//! - [`health`]: device states for the kubelet's health stream and the slices' taints;
 //! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
-//! - [`metadata`]: device metadata files for containers (KEP-5304, opt-in);
+//! - [`k8s`]: Kubernetes quantities, name rules and semantic versions, parsed once;
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
-//! - [`rate_limit`]: the client-side limits of API requests (`--kube-api-qps`/`--kube-api-burst`
-//!   for background work; prepares' claim reads have a budget of their own);
-//! - [`advanced`]: the generated gRPC bindings, the `:authority` rewriter and the socket
-//!   helpers, for tools that speak the kubelet's protocols themselves.
+//! - [`advanced`]: what a driver reaches only through the plugin, for tools and tests that
+//!   drive it directly: the checkpoint, the CDI spec writer, the slice publisher, claim
+//!   reading, device metadata files, API rate limits, the gRPC bindings and socket helpers.
+//!
+//! The test kit is the `dra-sdk-testing` crate, the allocator `dra-sdk-allocator`.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod attributes;
 pub mod cdi;
-pub mod checkpoint;
 pub mod claim;
 #[cfg(feature = "cli")]
 pub mod cli;
@@ -76,21 +77,16 @@ pub mod device_status;
 pub mod driver;
 pub mod health;
 pub mod k8s;
-pub mod metadata;
 mod metrics;
 pub mod plugin;
-pub mod rate_limit;
 pub mod slices;
 
 pub mod advanced;
 // The generated bindings live in `advanced`; the crate's own code names them `crate::proto`.
 pub(crate) use advanced::proto;
 
-/// Default kubelet plugin registry directory.
-pub const DEFAULT_REGISTRAR_DIR: &str = "/var/lib/kubelet/plugins_registry";
-/// Default kubelet plugins directory (the plugin's sockets and data go to `<dir>/<driver>`).
-pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
-// One public path for it: `cdi::DEFAULT_CDI_ROOT`, next to the spec writer.
+// One public path each, in `advanced`; the crate's own code uses the short paths.
+pub(crate) use advanced::{DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRAR_DIR};
 pub(crate) use cdi::DEFAULT_CDI_ROOT;
 
 /// The README's examples, compiled as doc tests so they stay true.
@@ -108,6 +104,3 @@ pub use tonic;
 /// `#[dra_sdk::async_trait]` on the `impl`, with no dependency on `async-trait` of the
 /// driver's own.
 pub use async_trait::async_trait;
-
-/// Derive macros, documented in their traits' modules.
-pub use dra_sdk_derive::{DeviceAttributes, OpaqueConfig};

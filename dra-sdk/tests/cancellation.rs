@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimState};
 use dra_sdk::advanced::proto::dra_v1;
-use dra_sdk::checkpoint::{Checkpoint, ClaimState};
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, DriverError};
+use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Driver, PreparedClaim};
 use dra_sdk_testing::claims::AllocatedClaim;

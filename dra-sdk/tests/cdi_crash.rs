@@ -9,7 +9,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use dra_sdk::cdi::{ClaimDevice, ContainerEdits, DeviceNode, Mount, Spec, SpecWriter};
+use dra_sdk::advanced::cdi::{ClaimDevice, Spec, SpecWriter};
+use dra_sdk::cdi::{ContainerEdits, DeviceNode, Mount};
 
 const CHILD_DIR_ENV: &str = "DRA_SDK_CDI_CRASH_CHILD_DIR";
 const KIND: &str = "crash.example.com/gpu";

@@ -9,10 +9,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use cdi_common::{assert_schema_valid, schema_validators};
-use dra_sdk::cdi::{
-    CdiError, ClaimDevice, ContainerEdits, DeviceNode, Hook, HookName, Mount, QualifiedName,
-    SPEC_FILE_MODE, Spec, SpecWriter,
-};
+use dra_sdk::advanced::cdi::{ClaimDevice, QualifiedName, SPEC_FILE_MODE, Spec, SpecWriter};
+use dra_sdk::cdi::{CdiError, ContainerEdits, DeviceNode, Hook, HookName, Mount};
 
 const UID_A: &str = "0b7a41f6-ccd3-4b5c-9d7a-2f3e52e6a3f1";
 const UID_B: &str = "c2d4e6f8-1a3b-4c5d-8e7f-9a0b1c2d3e4f";

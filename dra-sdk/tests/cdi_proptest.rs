@@ -3,10 +3,10 @@
 
 mod cdi_common;
 
-use dra_sdk::cdi::{
-    CdiDevice, ClaimDevice, ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt,
-    Kind, Mount, NetDevice, QualifiedName, Spec, SpecWriter,
+use dra_sdk::advanced::cdi::{
+    CdiDevice, ClaimDevice, IntelRdt, NetDevice, QualifiedName, Spec, SpecWriter,
 };
+use dra_sdk::cdi::{ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, Kind, Mount};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -71,8 +71,8 @@ proptest! {
 
     #[test]
     fn name_parsing_matches_the_model(s in NAMEISH) {
-        prop_assert_eq!(dra_sdk::cdi::validate_vendor_name(&s).is_ok(), model_vendor_or_class(&s));
-        prop_assert_eq!(dra_sdk::cdi::validate_device_name(&s).is_ok(), model_device(&s));
+        prop_assert_eq!(dra_sdk::advanced::cdi::validate_vendor_name(&s).is_ok(), model_vendor_or_class(&s));
+        prop_assert_eq!(dra_sdk::advanced::cdi::validate_device_name(&s).is_ok(), model_device(&s));
         match s.parse::<QualifiedName>() {
             Ok(name) => {
                 prop_assert!(model_qualified(&s));

@@ -3,10 +3,10 @@
 mod cdi_common;
 
 use cdi_common::{assert_schema_valid, fixture_files, schema_validators};
-use dra_sdk::cdi::{
-    CdiDevice, CdiError, CdiVersion, ClaimDevice, ContainerEdits, DeviceNode, Hook, HookName,
-    IntelRdt, Kind, Mount, NetDevice, Spec, SpecWriter,
+use dra_sdk::advanced::cdi::{
+    CdiDevice, CdiVersion, ClaimDevice, IntelRdt, NetDevice, Spec, SpecWriter,
 };
+use dra_sdk::cdi::{CdiError, ContainerEdits, DeviceNode, Hook, HookName, Kind, Mount};
 
 #[test]
 fn official_good_fixtures_parse_validate_and_round_trip() {

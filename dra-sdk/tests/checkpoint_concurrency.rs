@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use dra_sdk::checkpoint::{
+use dra_sdk::advanced::checkpoint::{
     Checkpoint, CheckpointError, ClaimChange, ClaimRecord, PreparedDeviceRecord,
 };
 

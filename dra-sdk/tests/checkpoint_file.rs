@@ -1,12 +1,11 @@
 //! The checkpoint file on a real file system: round trips, format evolution, recovery from
 //! corrupt files, other boots and interrupted writes.
 
-use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::{fs, io};
 
-use dra_sdk::checkpoint::{
+use dra_sdk::advanced::checkpoint::{
     Checkpoint, ClaimChange, ClaimRecord, ClaimState, Corruption, FORMAT_VERSION,
     PreparedDeviceRecord,
 };

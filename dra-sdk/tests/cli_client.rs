@@ -2,12 +2,11 @@
 //! background limit holds requests back, prepares have a budget of their own.
 
 use clap::Parser;
+use dra_sdk::advanced::rate_limit::ApiBudget;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, DriverError};
+use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
-use dra_sdk::rate_limit::ApiBudget;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletVersion;

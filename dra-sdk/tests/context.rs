@@ -11,18 +11,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use dra_sdk::advanced::RegistrationStatus;
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
+use dra_sdk::advanced::slices::{PublishEvent, ResourceApiVersion};
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, ConfigSource, DriverError};
+use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, ConfigSource, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::{ContextError, DriverContext};
 use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim, PreparedDevice, ReconcileError};
 use dra_sdk::health::{DeviceState, HealthStatus};
-use dra_sdk::plugin::{KubeletPlugin, PluginError, RegistrationStatus};
-use dra_sdk::slices::{
-    DeviceTaint, DriverResources, PublishEvent, ResourceApiVersion, TaintEffect,
-};
+use dra_sdk::plugin::{KubeletPlugin, PluginError};
+use dra_sdk::slices::{DeviceTaint, DriverResources, TaintEffect};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -299,7 +298,7 @@ async fn the_driver_publishes_its_first_devices_from_start_and_the_token_ends_wi
     // No resources given to the builder: what `start` published is what the plugin writes.
     let (plugin, _kubelet) = start(&cluster, &driver, None).await.unwrap();
     wait_for_slices(&cluster, "the 3 GPUs published in start", |d| d.len() == 3).await;
-    assert!(plugin.publisher().is_some());
+    plugin.published().await;
 
     // The publisher's progress reaches the driver the one way events do: `on_event`.
     let published = || {
@@ -337,7 +336,6 @@ async fn without_a_publisher_publishing_is_a_typed_error() {
     let cluster = TestCluster::start().await.unwrap();
     let driver = Arc::new(ContextDriver::default());
     let (plugin, _kubelet) = start(&cluster, &driver, None).await.unwrap();
-    assert!(plugin.publisher().is_none());
     assert!(matches!(
         driver.ctx().publish(gpus(1)),
         Err(ContextError::NotPublishing)
@@ -609,7 +607,7 @@ async fn prepare_is_unit_testable_with_built_and_resolved_claims() {
             serde_json::json!({ "apiVersion": "gpu.example.com/v1", "kind": "GpuConfig", "sharing": "MPS" }),
         )
         .build();
-    let claim = dra_sdk::claim::resolve(
+    let claim = dra_sdk::advanced::claim::resolve(
         ClaimRef::new("default", "c", "uid-1"),
         Arc::new(object),
         DRIVER,

@@ -2,9 +2,8 @@
 
 use std::borrow::Cow;
 
-use dra_sdk::DeviceAttributes;
 use dra_sdk::attributes::{Bytes, ToAttributeValue, Version};
-use dra_sdk::slices::{AttributeValue, Device, DeviceCapacity, Quantity};
+use dra_sdk::slices::{AttributeValue, Device, DeviceAttributes, DeviceCapacity, Quantity};
 
 /// Attributes a GPU and its MIG devices share, as the NVIDIA driver publishes them.
 #[derive(Clone, DeviceAttributes)]
@@ -242,10 +241,7 @@ fn semver_versions() {
 /// through `#[dra(flatten)]` of `PciAttributes`.
 #[test]
 fn standard_attributes_as_fields() {
-    use dra_sdk::attributes::{
-        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
-        PciAttributes, PciBusId, PcieRoot,
-    };
+    use dra_sdk::attributes::{NumaNode, NumaNodeForm, PciAttributes, PciBusId, PcieRoot};
 
     #[derive(DeviceAttributes)]
     struct Named {
@@ -279,15 +275,15 @@ fn standard_attributes_as_fields() {
     });
     for device in [&named, &flattened] {
         assert_eq!(
-            device.attributes[PCI_BUS_ID_ATTRIBUTE],
+            device.attributes[PciBusId::ATTRIBUTE],
             AttributeValue::String("0000:3b:00.0".into())
         );
         assert_eq!(
-            device.attributes[PCIE_ROOT_ATTRIBUTE],
+            device.attributes[PcieRoot::ATTRIBUTE],
             AttributeValue::String("pci0000:3a".into())
         );
         assert_eq!(
-            device.attributes[NUMA_NODE_ATTRIBUTE],
+            device.attributes[NumaNode::ATTRIBUTE],
             AttributeValue::Ints(vec![1])
         );
     }

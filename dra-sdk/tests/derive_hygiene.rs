@@ -29,7 +29,7 @@ mod shadowing {
     fn set_attribute() {}
     fn set_capacity() {}
 
-    #[derive(::dra_sdk::DeviceAttributes)]
+    #[derive(::dra_sdk::slices::DeviceAttributes)]
     pub(super) struct Gpu {
         pub(super) index: i64,
         pub(super) uuid: ::std::string::String,
@@ -38,7 +38,7 @@ mod shadowing {
         pub(super) __dra_device: bool,
     }
 
-    #[derive(::serde::Deserialize, ::dra_sdk::OpaqueConfig)]
+    #[derive(::serde::Deserialize, ::dra_sdk::config::OpaqueConfig)]
     #[dra(api_version = "gpu.example.com/v1", kind = "GpuConfig", hooks = false)]
     pub(super) struct GpuConfig {
         pub(super) interval: ::std::option::Option<u8>,
@@ -50,13 +50,13 @@ mod platform {
     pub(crate) use dra_sdk as sdk;
 }
 
-#[derive(dra_sdk::DeviceAttributes)]
+#[derive(dra_sdk::slices::DeviceAttributes)]
 #[dra(crate = "crate::platform::sdk")]
 struct ThroughReexport {
     index: i64,
 }
 
-#[derive(serde::Deserialize, dra_sdk::OpaqueConfig)]
+#[derive(serde::Deserialize, dra_sdk::config::OpaqueConfig)]
 #[dra(
     api_version = "gpu.example.com/v1",
     kind = "Reexported",

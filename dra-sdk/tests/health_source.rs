@@ -1,30 +1,24 @@
-//! The health stream when the driver's health source goes away, and shutdown while health
+//! The health stream when the driver stops reporting a device, and shutdown while health
 //! streams are open.
 
 use std::time::Duration;
 
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
+use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::KubeletVersion;
-
 use dra_sdk_testing::sample_driver::{DRIVER, GpuDriver};
 
 #[tokio::test]
-async fn devices_become_unknown_when_the_health_source_goes_away() {
-    let (reporter, source) = HealthReporter::new();
-    reporter.set(vec![DeviceHealth::new(
-        NODE_NAME,
-        "gpu-0",
-        HealthStatus::Healthy,
-    )]);
+async fn a_cleared_device_leaves_the_stream_and_shutdown_has_a_deadline() {
     let cluster = TestCluster::start().await.unwrap();
+    let driver = GpuDriver {
+        health: Some(vec![
+            DeviceState::healthy(NODE_NAME, "gpu-0"),
+            DeviceState::healthy(NODE_NAME, "gpu-1"),
+        ]),
+    };
     let plugin = cluster
-        .plugin(
-            GpuDriver {
-                health: Some(source),
-            },
-            DRIVER,
-        )
+        .plugin(driver, DRIVER)
         .health_resend_interval(Duration::from_millis(100))
         .start()
         .await
@@ -35,25 +29,26 @@ async fn devices_become_unknown_when_the_health_source_goes_away() {
         .unwrap();
     let mut watch = kubelet.watch_health().await.unwrap();
     let first = watch.next().await.unwrap().unwrap();
-    assert_eq!(first[0].status, HealthStatus::Healthy);
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(first.iter().all(|d| d.status == HealthStatus::Healthy));
 
-    // The driver's monitor ends (its reporter dropped): the kubelet must not keep seeing the
-    // last state as fresh.
-    drop(reporter);
-    let gone = tokio::time::timeout(Duration::from_secs(2), watch.next())
+    // The driver no longer knows gpu-1: it leaves the list, so the kubelet's staleness
+    // timeout makes its health unknown instead of the last state staying fresh.
+    plugin.context().clear_device_state(NODE_NAME, "gpu-1");
+    let cleared = tokio::time::timeout(Duration::from_secs(2), watch.next())
         .await
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(gone[0].status, HealthStatus::Unknown, "{gone:?}");
-    assert_eq!(gone[0].device, "gpu-0");
+    assert_eq!(cleared.len(), 1, "{cleared:?}");
+    assert_eq!(cleared[0].device, "gpu-0");
     // And it stays so on every re-send.
     let again = tokio::time::timeout(Duration::from_secs(2), watch.next())
         .await
         .unwrap()
         .unwrap()
         .unwrap();
-    assert_eq!(again[0].status, HealthStatus::Unknown);
+    assert_eq!(again, cleared);
 
     // Shutdown has a deadline even with the stream open.
     tokio::time::timeout(Duration::from_secs(10), plugin.shutdown())

@@ -7,12 +7,12 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use dra_sdk::cdi::{ContainerEdits, Spec};
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, DriverError};
+use dra_sdk::advanced::cdi::Spec;
+use dra_sdk::advanced::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+use dra_sdk::cdi::ContainerEdits;
+use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 use dra_sdk::context::DriverContext;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
-use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::slices::{Device, DriverResources};
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use serde_json::json;
@@ -193,7 +193,11 @@ async fn the_plugin_writes_records_sweeps_and_removes_metadata_of_a_driver_that_
     let cdi_root = cluster.cdi_root();
     let data_dir = cluster.plugins_dir().join(DRIVER);
     let spec_of = |uid: &str| cdi_root.join(format!("{DRIVER}_metadata_{uid}_net.json"));
-    let claim_dir = |dir: &str| data_dir.join(dra_sdk::metadata::HOST_SUBDIR).join(dir);
+    let claim_dir = |dir: &str| {
+        data_dir
+            .join(dra_sdk::advanced::metadata::HOST_SUBDIR)
+            .join(dir)
+    };
     for claim in &claims {
         let devices = outcome[&claim.uid].as_ref().unwrap();
         let metadata_id = format!("{DRIVER}/metadata={}_net", claim.uid);

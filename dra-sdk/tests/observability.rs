@@ -88,8 +88,7 @@ async fn start(extra_flags: &[&str]) -> Running {
         .start()
         .await
         .unwrap();
-    let publisher = plugin.publisher().expect("the plugin publishes slices");
-    tokio::time::timeout(Duration::from_secs(10), publisher.synced())
+    tokio::time::timeout(Duration::from_secs(10), plugin.published())
         .await
         .expect("slices published");
     let kubelet = cluster

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, ClaimRef, DriverError};
+use dra_sdk::advanced::RegistrationStatus;
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
+use dra_sdk::claim::{Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim};
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthSource, HealthStatus};
-use dra_sdk::plugin::{KubeletPlugin, RegistrationStatus};
+use dra_sdk::health::{DeviceState, HealthStatus};
+use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::apiserver::{Fault, Verb};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
@@ -34,7 +34,7 @@ struct TestDriver {
     in_flight: Mutex<HashSet<String>>,
     overlaps: AtomicUsize,
     delay: Option<Duration>,
-    health: Option<HealthSource>,
+    reports_health: bool,
     events: Mutex<Vec<PluginEvent>>,
 }
 
@@ -97,8 +97,8 @@ impl Driver for TestDriver {
         Ok(())
     }
 
-    fn health(&self) -> Option<HealthSource> {
-        self.health.clone()
+    fn reports_health(&self) -> bool {
+        self.reports_health
     }
 
     fn on_event(&self, event: &PluginEvent) {
@@ -773,17 +773,13 @@ async fn long_driver_names_get_hashed_socket_names_under_108_bytes() {
 
 #[tokio::test]
 async fn health_is_streamed_and_resent_when_the_driver_reports_it() {
-    let (reporter, source) = HealthReporter::new();
-    reporter.set(vec![DeviceHealth::new(
-        NODE_NAME,
-        "gpu-0",
-        HealthStatus::Healthy,
-    )]);
     let driver = TestDriver {
-        health: Some(source),
+        reports_health: true,
         ..TestDriver::default()
     };
     let s = setup_with(driver, KubeletVersion::V1_36).await;
+    let context = s.plugin.context();
+    context.set_device_state(DeviceState::healthy(NODE_NAME, "gpu-0"));
     assert!(s.kubelet.health_advertised);
     assert!(
         s.kubelet
@@ -794,9 +790,7 @@ async fn health_is_streamed_and_resent_when_the_driver_reports_it() {
     let mut watch = s.kubelet.watch_health().await.unwrap();
     let first = watch.next().await.unwrap().unwrap();
     assert_eq!(first[0].status, HealthStatus::Healthy);
-    reporter.update(
-        DeviceHealth::new(NODE_NAME, "gpu-0", HealthStatus::Unhealthy).with_message("XID 79"),
-    );
+    context.set_device_state(DeviceState::unhealthy(NODE_NAME, "gpu-0", "XID 79"));
     let second = watch.next().await.unwrap().unwrap();
     assert_eq!(second[0].status, HealthStatus::Unhealthy);
     assert_eq!(second[0].message, "XID 79");

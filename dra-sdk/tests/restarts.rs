@@ -130,13 +130,15 @@ async fn an_intact_checkpoint_keeps_its_claims_specs_and_sweeps_strays() {
     plugin.shutdown().await.unwrap();
     // Forget the claim, as a crash between the spec removal and the checkpoint write would
     // the other way round.
-    let (checkpoint, _) = dra_sdk::checkpoint::Checkpoint::open(
+    let (checkpoint, _) = dra_sdk::advanced::checkpoint::Checkpoint::open(
         &cluster.plugins_dir().join(DRIVER),
         dra_sdk_testing::cluster::BOOT_ID,
     )
     .unwrap();
     checkpoint
-        .update([dra_sdk::checkpoint::ClaimChange::remove(claim.uid.clone())])
+        .update([dra_sdk::advanced::checkpoint::ClaimChange::remove(
+            claim.uid.clone(),
+        )])
         .unwrap();
     let plugin = cluster
         .plugin(GpuDriver::default(), DRIVER)
@@ -201,7 +203,7 @@ async fn a_claim_from_a_stale_pool_is_refused_and_no_device_goes_twice() {
         .start()
         .await
         .unwrap();
-    plugin.publisher().unwrap().synced().await;
+    plugin.published().await;
     plugin.shutdown().await.unwrap();
 
     // While no plugin runs, the scheduler still sees the old slices.

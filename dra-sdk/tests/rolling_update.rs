@@ -10,12 +10,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, ClaimRef, DriverError};
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, ClaimState};
+use dra_sdk::advanced::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+use dra_sdk::claim::{Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::driver::{Driver, PreparedClaim};
-use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletVersion;

@@ -8,9 +8,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dra_sdk::advanced::slices::PublishEvent;
+use dra_sdk::advanced::slices::{
+    FeatureGate, PublisherHandle, ResourceApiVersion, ResourceSlicePublisher,
+};
 use dra_sdk::slices::{
-    CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, FeatureGate, Pool,
-    PoolNodeSelection, PublishEvent, PublisherHandle, ResourceApiVersion, ResourceSlicePublisher,
+    CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool, PoolNodeSelection,
     TaintEffect,
 };
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
@@ -753,10 +756,7 @@ async fn cluster_scoped_network_pools() {
 /// server enforces as the real one does.
 #[tokio::test]
 async fn standard_and_list_attributes_are_published() {
-    use dra_sdk::attributes::{
-        NUMA_NODE_ATTRIBUTE, NumaNode, NumaNodeForm, PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE,
-        PciAttributes, PciBusId, PcieRoot,
-    };
+    use dra_sdk::attributes::{NumaNode, NumaNodeForm, PciAttributes, PciBusId, PcieRoot};
 
     let env = env().await;
     let devices: Vec<Device> = (0..65u8)
@@ -789,15 +789,15 @@ async fn standard_and_list_attributes_are_published() {
         .find(|d| d["name"] == "nic-3")
         .unwrap();
     assert_eq!(
-        device["attributes"][PCI_BUS_ID_ATTRIBUTE],
+        device["attributes"][PciBusId::ATTRIBUTE],
         json!({"string": "0000:03:00.0"})
     );
     assert_eq!(
-        device["attributes"][PCIE_ROOT_ATTRIBUTE],
+        device["attributes"][PcieRoot::ATTRIBUTE],
         json!({"string": "pci0000:00"})
     );
     assert_eq!(
-        device["attributes"][NUMA_NODE_ATTRIBUTE],
+        device["attributes"][NumaNode::ATTRIBUTE],
         json!({"ints": [1]})
     );
     assert_eq!(device["attributes"]["vlans"], json!({"ints": [10, 20]}));

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use dra_sdk::slices::SliceLimits;
+use dra_sdk::advanced::slices::SliceLimits;
 use dra_sdk_testing::conformance::{Case, Conformance, slices};
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use dra_sdk::advanced::nest_v1beta1_requests;
-use dra_sdk::slices::ResourceApiVersion;
+use dra_sdk::advanced::slices::ResourceApiVersion;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};

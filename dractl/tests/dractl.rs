@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use dra_sdk::health::{DeviceHealth, HealthReporter, HealthStatus};
+use dra_sdk::health::DeviceState;
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, RunningPlugin, TestCluster};
 use serde_json::Value;
 
@@ -266,13 +266,11 @@ async fn a_claim_failing_to_prepare_exits_1_with_the_plugins_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_streams_device_lists() {
-    let (reporter, source) = HealthReporter::new();
-    reporter.set(vec![
-        DeviceHealth::new(NODE_NAME, "gpu-0", HealthStatus::Healthy),
-        DeviceHealth::new(NODE_NAME, "gpu-1", HealthStatus::Unhealthy).with_message("XID 79"),
-    ]);
     let s = Setup::start(EnvDriver {
-        health: Some(source),
+        health: Some(vec![
+            DeviceState::healthy(NODE_NAME, "gpu-0"),
+            DeviceState::unhealthy(NODE_NAME, "gpu-1", "XID 79"),
+        ]),
         ..EnvDriver::default()
     })
     .await;
@@ -453,7 +451,7 @@ async fn a_failing_case_exits_1() {
         .start()
         .await
         .unwrap();
-    plugin.publisher().unwrap().synced().await;
+    plugin.published().await;
     let kubeconfig = cluster.path().join("kubeconfig");
     cluster.api().write_kubeconfig(&kubeconfig).unwrap();
     let run = dractl(&[

@@ -94,8 +94,7 @@ async fn start_plugin(cluster: &RealCluster) -> KubeletPlugin {
         .start()
         .await
         .unwrap();
-    let publisher = plugin.publisher().expect("the plugin publishes");
-    tokio::time::timeout(TIMEOUT, publisher.synced())
+    tokio::time::timeout(TIMEOUT, plugin.published())
         .await
         .expect("the plugin's slices are written");
     plugin

@@ -5,7 +5,7 @@
 
 #![no_main]
 
-use dra_sdk::cdi::Spec;
+use dra_sdk::advanced::cdi::Spec;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|document: &[u8]| {

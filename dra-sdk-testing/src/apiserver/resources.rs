@@ -6,8 +6,8 @@
 use serde_json::Value;
 
 use super::object::{FieldError, lookup};
+use dra_sdk::advanced::slices::{KubernetesVersion, SliceLimits};
 use dra_sdk::k8s::{NameRule, Semver};
-use dra_sdk::slices::{KubernetesVersion, SliceLimits};
 
 /// How a kind treats its `status` stanza.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,8 +13,8 @@ use crate::cdi_check::{self, Snapshot};
 use crate::kubelet::{
     DraApi, GET_INFO_TIMEOUT, KubeletDevice, KubeletError, KubeletSimulator, KubeletVersion,
 };
+use dra_sdk::advanced::slices::SliceLimits;
 use dra_sdk::claim::ClaimRef;
-use dra_sdk::slices::SliceLimits;
 
 /// How often the registration case calls `GetInfo`.
 const GET_INFO_CALLS: usize = 3;

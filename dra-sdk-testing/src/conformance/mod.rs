@@ -19,8 +19,7 @@
 //!
 //! ```no_run
 //! use dra_sdk::cdi::ContainerEdits;
-//! use dra_sdk::claim::RecordedClaim;
-//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 //! use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 //! use dra_sdk::slices::{Device, DriverResources};
 //! use dra_sdk_testing::cluster::NODE_NAME;

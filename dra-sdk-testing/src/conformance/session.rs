@@ -526,10 +526,9 @@ async fn start_plugin(
     start: &StartPlugin,
 ) -> Result<KubeletPlugin, dra_sdk::plugin::PluginError> {
     let plugin = start(cluster).await?;
-    if let Some(publisher) = plugin.publisher()
-        && tokio::time::timeout(PUBLISH_TIMEOUT, publisher.synced())
-            .await
-            .is_err()
+    if tokio::time::timeout(PUBLISH_TIMEOUT, plugin.published())
+        .await
+        .is_err()
     {
         // The slices case reports what is missing.
         tracing::warn!("the plugin's ResourceSlices were not written within {PUBLISH_TIMEOUT:?}");

@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client) -> Result<(), kube::Error> {
-//! use dra_sdk::slices::SliceLimits;
+//! use dra_sdk::advanced::slices::SliceLimits;
 //! use dra_sdk_testing::conformance::slices;
 //!
 //! let published = slices::read_published(&client, Some("gpu.example.com"), Some("node-a")).await?;
@@ -24,11 +24,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
+use dra_sdk::advanced::slices::{
+    CounterLayout, KubernetesVersion, Problem, ResourceApiVersion, SliceLimits,
+};
+use dra_sdk::k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use dra_sdk::slices::{
-    AttributeValue, CapacityRequestPolicy, CounterLayout, CounterSet, Device, DeviceCapacity,
-    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, KubernetesVersion, Pool,
-    PoolNodeSelection, Problem, Quantity, ResourceApiVersion, SliceLimits, TaintEffect, Time,
-    ValidRequestValues,
+    AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceCapacity,
+    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, Pool, PoolNodeSelection, Quantity,
+    TaintEffect, ValidRequestValues,
 };
 
 /// ResourceSlices as read from a server, in `resource.k8s.io/v1` JSON shape whatever version

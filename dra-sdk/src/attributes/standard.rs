@@ -11,15 +11,15 @@
 //! | `resource.kubernetes.io/numaNode` | int, or a list of ints with `DRAListTypeAttributes` (1.36 alpha) | proposed (KEP-6072), in no release yet |
 //!
 //! ```
-//! use dra_sdk::attributes::{NumaNode, PciBusId, PCI_BUS_ID_ATTRIBUTE, NUMA_NODE_ATTRIBUTE};
+//! use dra_sdk::attributes::{NumaNode, PciBusId};
 //! use dra_sdk::slices::{AttributeValue, Device};
 //!
 //! let bus_id: PciBusId = "0000:3B:00.0".parse()?;
 //! let device = Device::new("gpu-0")
-//!     .attribute(PCI_BUS_ID_ATTRIBUTE, bus_id)
-//!     .attribute(NUMA_NODE_ATTRIBUTE, NumaNode::new(1)?);
+//!     .attribute(PciBusId::ATTRIBUTE, bus_id)
+//!     .attribute(NumaNode::ATTRIBUTE, NumaNode::new(1)?);
 //! assert_eq!(
-//!     device.attributes[PCI_BUS_ID_ATTRIBUTE],
+//!     device.attributes[PciBusId::ATTRIBUTE],
 //!     AttributeValue::String("0000:3b:00.0".into()),
 //! );
 //! # Ok::<(), dra_sdk::attributes::StandardAttributeError>(())
@@ -33,11 +33,11 @@ use super::{AttributeListItem, ToAttributeValue};
 use crate::slices::{AttributeValue, Device, DeviceAttributes};
 
 /// `resource.kubernetes.io/pciBusID`: the device's PCI address.
-pub const PCI_BUS_ID_ATTRIBUTE: &str = "resource.kubernetes.io/pciBusID";
+pub(crate) const PCI_BUS_ID_ATTRIBUTE: &str = "resource.kubernetes.io/pciBusID";
 /// `resource.kubernetes.io/pcieRoot`: the PCIe root complex the device sits under.
-pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
+pub(crate) const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
 /// `resource.kubernetes.io/numaNode`: the NUMA node the device is attached to.
-pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+pub(crate) const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
 
 /// Linux's upper bound on NUMA node IDs; the Go helper refuses larger ones too.
 const MAX_NUMA_NODES: u16 = 1024;
@@ -110,6 +110,9 @@ pub struct PciBusId {
 }
 
 impl PciBusId {
+    /// The standard attribute name, `resource.kubernetes.io/pciBusID`.
+    pub const ATTRIBUTE: &str = PCI_BUS_ID_ATTRIBUTE;
+
     /// A bus ID from its parts; `None` when the device or function is out of range.
     pub fn new(domain: u32, bus: u8, device: u8, function: u8) -> Option<Self> {
         (device <= 0x1f && function <= 7).then_some(Self {
@@ -242,6 +245,9 @@ pub struct PcieRoot {
 }
 
 impl PcieRoot {
+    /// The standard attribute name, `resource.kubernetes.io/pcieRoot`.
+    pub const ATTRIBUTE: &str = PCIE_ROOT_ATTRIBUTE;
+
     /// The root complex of `domain` and root `bus`.
     pub fn new(domain: u32, bus: u8) -> Self {
         Self { domain, bus }
@@ -291,6 +297,9 @@ impl FromStr for PcieRoot {
 pub struct NumaNode(u16);
 
 impl NumaNode {
+    /// The standard attribute name, `resource.kubernetes.io/numaNode`.
+    pub const ATTRIBUTE: &str = NUMA_NODE_ATTRIBUTE;
+
     /// Refuses negative IDs (no affinity: omit the attribute) and IDs of 1024 and more.
     pub fn new(id: i64) -> Result<Self, StandardAttributeError> {
         let invalid = |reason| StandardAttributeError::InvalidNumaNode { value: id, reason };

@@ -1,8 +1,7 @@
 //! The error type of the `cdi` module.
 
-use std::fmt;
-use std::io;
 use std::path::PathBuf;
+use std::{fmt, io};
 
 use super::version::Version;
 

@@ -78,7 +78,8 @@ impl ClaimDevice {
 /// Writes and removes the per-claim CDI spec files of one driver (one CDI root, one kind).
 ///
 /// ```no_run
-/// use dra_sdk::cdi::{ClaimDevice, ContainerEdits, DeviceNode, SpecWriter, DEFAULT_CDI_ROOT};
+/// use dra_sdk::advanced::cdi::{ClaimDevice, SpecWriter, DEFAULT_CDI_ROOT};
+/// use dra_sdk::cdi::{ContainerEdits, DeviceNode};
 ///
 /// let writer = SpecWriter::new(DEFAULT_CDI_ROOT, "k8s.gpu.example.com/gpu".parse()?);
 /// let common = ContainerEdits::new().env("DRA_RESOURCE_DRIVER_NAME", "gpu.example.com");

@@ -4,9 +4,11 @@
 //! [`ContainerEdits`] a driver returns from prepare into a spec file the runtime reads, and the
 //! fully qualified device names (`vendor/class=name`) the kubelet hands to it.
 //!
-//! - [`Spec`], [`CdiDevice`], [`ContainerEdits`], [`DeviceNode`], [`Mount`], [`Hook`],
-//!   [`IntelRdt`], [`NetDevice`]: the spec document up to cdiVersion 1.1.0, with the exact JSON
-//!   names; strict JSON and YAML parsing ([`Spec::parse`]).
+//! - [`ContainerEdits`], [`DeviceNode`], [`Mount`], [`Hook`]: what a driver returns; with
+//!   [`Spec`], [`CdiDevice`](crate::advanced::cdi::CdiDevice),
+//!   [`IntelRdt`](crate::advanced::cdi::IntelRdt) and [`NetDevice`](crate::advanced::cdi::NetDevice)
+//!   in [`advanced::cdi`](crate::advanced::cdi), the spec document up to cdiVersion 1.1.0, with
+//!   the exact JSON names; strict JSON and YAML parsing ([`Spec::parse`]).
 //! - [`Kind`] (`vendor/class`) and [`QualifiedName`] (`vendor/class=name`).
 //! - [`Spec::validate`]: every rule the reference Go library enforces, plus the rules SPEC.md
 //!   states but the reference skips (see [Validation](#validation)).
@@ -16,7 +18,8 @@
 //!   unprepare, swept for orphans at start.
 //!
 //! ```
-//! use dra_sdk::cdi::{CdiVersion, ClaimDevice, ContainerEdits, DeviceNode, Spec, SpecWriter};
+//! use dra_sdk::advanced::cdi::{CdiVersion, ClaimDevice, Spec, SpecWriter};
+//! use dra_sdk::cdi::{ContainerEdits, DeviceNode};
 //!
 //! # let dir = tempfile::tempdir()?;
 //! let writer = SpecWriter::new(dir.path(), "gpu.example.com/gpu".parse()?);
@@ -46,28 +49,23 @@
 //!   and so must a bind mount's `hostPath` (a typed mount's source such as `tmpfs` is free);
 //! - a hook `timeout`, when set, must be a positive number of seconds that fits a `uint32`.
 
-mod builder;
-mod error;
-mod files;
-mod name;
-mod spec;
-mod validate;
-mod version;
+pub(crate) mod builder;
+pub(crate) mod error;
+pub(crate) mod files;
+pub(crate) mod name;
+pub(crate) mod spec;
+pub(crate) mod validate;
+pub(crate) mod version;
 
-pub use error::{CdiError, NameKind, SpecFormat};
+pub use error::CdiError;
 pub(crate) use files::ClaimFiles;
-pub use files::{ClaimDevice, DEFAULT_CDI_ROOT, SPEC_FILE_MODE, SpecWriter};
-pub use name::{
-    Kind, QualifiedName, validate_class_name, validate_device_name, validate_vendor_name,
-};
+pub(crate) use files::{ClaimDevice, DEFAULT_CDI_ROOT, SpecWriter};
+pub use name::Kind;
+pub(crate) use name::QualifiedName;
 // `CdiDevice` and `CdiVersion`, not `Device` and `Version`: `slices::Device` and
 // `attributes::Version` are other things, and a driver imports both modules.
-pub use spec::{
-    ContainerEdits, Device as CdiDevice, DeviceNode, DeviceNodeType, Hook, HookName, IntelRdt,
-    Mount, NetDevice, Spec,
-};
-pub use validate::MAX_ANNOTATIONS_SIZE;
-pub use version::Version as CdiVersion;
+pub(crate) use spec::Spec;
+pub use spec::{ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, Mount};
 // The short names inside the crate, where no other `Device` or `Version` is in scope.
 pub(crate) use spec::Device;
 pub(crate) use version::Version;

@@ -97,7 +97,7 @@ impl<'de> Deserialize<'de> for Kind {
 /// kubelet as a CDI device ID, and what the runtime resolves against the spec files.
 ///
 /// ```
-/// use dra_sdk::cdi::QualifiedName;
+/// use dra_sdk::advanced::cdi::QualifiedName;
 ///
 /// let name: QualifiedName = "nvidia.com/gpu=0".parse()?;
 /// assert_eq!((name.vendor(), name.class(), name.name()), ("nvidia.com", "gpu", "0"));

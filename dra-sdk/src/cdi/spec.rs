@@ -443,7 +443,7 @@ impl Spec {
     /// [`validate`](Self::validate) runs.
     ///
     /// ```
-    /// use dra_sdk::cdi::Spec;
+    /// use dra_sdk::advanced::cdi::Spec;
     ///
     /// let spec = Spec::parse(br#"{"cdiVersion": "0.3.0", "kind": "vendor.com/device",
     ///     "devices": [{"name": "dev0", "containerEdits": {"env": ["A=1"]}}]}"#)?;

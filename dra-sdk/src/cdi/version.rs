@@ -131,7 +131,8 @@ impl Spec {
     /// [`Version::EARLIEST`].
     ///
     /// ```
-    /// use dra_sdk::cdi::{CdiDevice, CdiVersion, ContainerEdits, DeviceNode, Spec};
+    /// use dra_sdk::advanced::cdi::{CdiDevice, CdiVersion, Spec};
+    /// use dra_sdk::cdi::{ContainerEdits, DeviceNode};
     ///
     /// let edits = ContainerEdits::new().device_node(DeviceNode::new("/dev/x").host_path("/dev/y"));
     /// let spec = Spec::new("vendor.com/class".parse()?).device(CdiDevice::new("a", edits));

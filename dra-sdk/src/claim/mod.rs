@@ -1,7 +1,8 @@
 //! The claim vocabulary every other module builds on: which claim ([`ClaimRef`]), the claim a
 //! driver prepares ([`Claim`], [`AllocatedDevice`]), the claim the checkpoint recorded
 //! ([`RecordedClaim`]), what can go wrong with one claim ([`DriverError`]), and reading an
-//! allocated ResourceClaim from the API server ([`resolve`], [`ReadPolicy`]).
+//! allocated ResourceClaim from the API server (in
+//! [`advanced::claim`](crate::advanced::claim)).
 //!
 //! This module imports nothing above it (the driver trait, the context, the plugin), so the
 //! modules that do can all share it without an import loop.
@@ -19,7 +20,7 @@
 mod error;
 mod identity;
 pub(crate) mod locks;
-mod read;
+pub(crate) mod read;
 mod recorded;
 mod resolved;
 pub(crate) mod wire;
@@ -28,6 +29,6 @@ pub use error::{DriverError, DriverStateError};
 pub(crate) use error::{decode_state, encode_state};
 pub use identity::ClaimRef;
 pub(crate) use read::ClaimReader;
-pub use read::{ClaimError, ReadPolicy, resolve};
+pub(crate) use read::ReadPolicy;
 pub use recorded::{RecordedClaim, RecordedDevice};
 pub use resolved::{AllocatedDevice, AppliedConfig, Claim, ConfigSource};

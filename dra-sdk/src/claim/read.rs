@@ -258,7 +258,7 @@ fn check_claim(claim: &ClaimRef, object: &ResourceClaim) -> Result<(), ClaimErro
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dra_sdk::claim::resolve;
+/// use dra_sdk::advanced::claim::resolve;
 /// use dra_sdk::config::ConfigRegistry;
 /// use dra_sdk::claim::ClaimRef;
 /// use k8s_openapi::api::resource::v1::ResourceClaim;

@@ -7,7 +7,7 @@ use super::{ClaimRef, DriverStateError};
 /// A claim as the checkpoint records it, for the driver: what the kubelet was given, the
 /// driver's own state, and whether prepare completed. [`Driver::unprepare`],
 /// [`Driver::rollback`] and [`Driver::reconcile`] receive it; the checkpoint's storage record
-/// ([`ClaimRecord`]) stays the SDK's business.
+/// ([`ClaimRecord`](crate::advanced::checkpoint::ClaimRecord)) stays the SDK's business.
 ///
 /// [`Driver::unprepare`]: crate::driver::Driver::unprepare
 /// [`Driver::rollback`]: crate::driver::Driver::rollback
@@ -33,8 +33,7 @@ impl RecordedClaim {
     /// [`Driver::reconcile`](crate::driver::Driver::reconcile).
     ///
     /// ```
-    /// use dra_sdk::claim::{RecordedClaim, RecordedDevice};
-    /// use dra_sdk::claim::ClaimRef;
+    /// use dra_sdk::claim::{ClaimRef, RecordedClaim, RecordedDevice};
     ///
     /// let claim = RecordedClaim::new(ClaimRef::new("default", "gpu", "uid-1"))
     ///     .with_device(RecordedDevice::new("node-a", "gpu-0").with_request("gpu"))

@@ -11,7 +11,7 @@ use super::ClaimRef;
 
 /// An allocated claim, reduced to what concerns this driver.
 ///
-/// The plugin builds it from the ResourceClaim with [`resolve`](super::resolve);
+/// The plugin builds it from the ResourceClaim with [`resolve`](crate::advanced::claim::resolve);
 /// a driver's unit tests build one directly:
 ///
 /// ```

@@ -14,7 +14,7 @@ use kube::core::Status;
 use kube::{Client, Resource as _};
 use serde_json::{Map, Value};
 
-use crate::rate_limit::ApiBudget;
+use crate::advanced::rate_limit::ApiBudget;
 use crate::slices::ResourceApiVersion;
 
 /// Why the served version could not be found.

@@ -12,6 +12,8 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+use super::ParseError;
+
 /// A syntactically valid quantity, split into its parts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Parsed<'a> {
@@ -164,7 +166,7 @@ const NANOS: i128 = 1_000_000_000;
 /// assert_eq!(memory, QuantityValue::parse("1536Mi")?);
 /// assert_eq!(memory.to_string(), "1536Mi");
 /// assert_eq!(QuantityValue::parse("500m")?.as_integer(), None);
-/// # Ok::<(), dra_sdk::k8s::QuantityError>(())
+/// # Ok::<(), dra_sdk::k8s::ParseError>(())
 /// ```
 ///
 /// Like Kubernetes' `resource.Quantity` it remembers whether it was written with a binary suffix,
@@ -195,23 +197,6 @@ impl Ord for QuantityValue {
     }
 }
 
-/// Why a string is not a quantity.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid quantity {input:?}: {reason}")]
-pub struct QuantityError {
-    input: String,
-    reason: &'static str,
-}
-
-impl QuantityError {
-    fn new(input: &str, reason: &'static str) -> Self {
-        Self {
-            input: input.to_owned(),
-            reason,
-        }
-    }
-}
-
 impl QuantityValue {
     /// Zero.
     pub const ZERO: QuantityValue = QuantityValue {
@@ -230,9 +215,9 @@ impl QuantityValue {
     /// Parses the Kubernetes quantity syntax: a signed decimal number followed by a binary suffix
     /// (`Ki` … `Ei`), a decimal suffix (`n`, `u`, `m`, `k`, `M`, `G`, `T`, `P`, `E`) or a decimal
     /// exponent (`e3`, `E-2`). Precision below `1n` is rounded up, as the API server does.
-    pub fn parse(input: &str) -> Result<Self, QuantityError> {
-        let (nanos, binary) =
-            parse_nanos(input.trim()).map_err(|reason| QuantityError::new(input, reason))?;
+    pub fn parse(input: &str) -> Result<Self, ParseError> {
+        let (nanos, binary) = parse_nanos(input.trim())
+            .map_err(|reason| ParseError::new("quantity", input, reason))?;
         Ok(Self { nanos, binary })
     }
 

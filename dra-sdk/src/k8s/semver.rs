@@ -5,6 +5,8 @@
 use std::cmp::Ordering;
 use std::fmt;
 
+use super::ParseError;
+
 /// A parsed semantic version. Build metadata is kept for display but, as the specification
 /// requires, ignored in comparisons and equality.
 ///
@@ -14,7 +16,7 @@ use std::fmt;
 /// let release = Semver::parse("1.2.3")?;
 /// assert!(Semver::parse("1.2.3-rc.1")? < release);
 /// assert_eq!(Semver::parse_normalized("v1.2")?.to_string(), "1.2.0");
-/// # Ok::<(), dra_sdk::k8s::SemverError>(())
+/// # Ok::<(), dra_sdk::k8s::ParseError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Semver {
@@ -53,15 +55,6 @@ impl PartialOrd for Identifier {
     }
 }
 
-/// Why a string is not a semantic version.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid semantic version {input:?}: {reason}")]
-pub struct SemverError {
-    input: String,
-    /// What is wrong, without the input: callers with their own wording reuse it.
-    reason: &'static str,
-}
-
 /// One of MAJOR, MINOR and PATCH; `strict` rejects leading zeros.
 fn parse_number(part: &str, strict: bool) -> Result<u64, &'static str> {
     if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
@@ -88,31 +81,22 @@ fn check_identifier(identifier: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-impl SemverError {
-    /// What is wrong, without the input, for messages with their own wording.
-    pub fn reason(&self) -> &'static str {
-        self.reason
-    }
-}
-
 impl Semver {
     /// Parses a version exactly as semver 2.0.0 writes it: `MAJOR.MINOR.PATCH[-PRE][+BUILD]`.
-    pub fn parse(input: &str) -> Result<Self, SemverError> {
+    pub fn parse(input: &str) -> Result<Self, ParseError> {
         Self::parse_with(input, false)
     }
 
     /// Like [`Semver::parse`], but first normalizes the input the way Kubernetes'
     /// `semver(s, true)` does: an optional `v` prefix, missing minor or patch numbers (taken as
     /// 0) and leading zeros are accepted.
-    pub fn parse_normalized(input: &str) -> Result<Self, SemverError> {
+    pub fn parse_normalized(input: &str) -> Result<Self, ParseError> {
         Self::parse_with(input, true)
     }
 
-    fn parse_with(input: &str, normalize: bool) -> Result<Self, SemverError> {
-        Self::parse_reason(input, normalize).map_err(|reason| SemverError {
-            input: input.to_owned(),
-            reason,
-        })
+    fn parse_with(input: &str, normalize: bool) -> Result<Self, ParseError> {
+        Self::parse_reason(input, normalize)
+            .map_err(|reason| ParseError::new("semantic version", input, reason))
     }
 
     fn parse_reason(input: &str, normalize: bool) -> Result<Self, &'static str> {

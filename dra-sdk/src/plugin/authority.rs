@@ -18,10 +18,9 @@
 //! Only the registration socket needs this: the kubelet dials the DRA service
 //! socket as `unix:<path>`, for which grpc-go sends `localhost` itself.
 
-use std::fmt;
-use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::{fmt, io};
 
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};

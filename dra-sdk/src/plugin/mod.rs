@@ -25,7 +25,7 @@ pub(crate) mod authority;
 pub(crate) mod client;
 mod dra;
 mod node;
-mod registration;
+pub(crate) mod registration;
 mod reports;
 pub(crate) mod socket;
 mod sweep;
@@ -43,20 +43,18 @@ use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use crate::advanced::checkpoint::{Checkpoint, CheckpointError};
+use crate::advanced::metadata::MetadataWriter;
 use crate::cdi::{Kind, SpecWriter};
-use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::claim::DriverError;
-use crate::claim::RecordedClaim;
-use crate::claim::{ClaimReader, ReadPolicy};
+use crate::claim::{ClaimReader, DriverError, ReadPolicy, RecordedClaim};
 use crate::context::DriverContext;
 use crate::driver::{Driver, PluginEvent};
 use crate::health::HealthSource;
-use crate::metadata::MetadataWriter;
 use crate::metrics::{self, HealthProbe, PluginMetrics};
 use crate::slices::{DriverResources, PublishEvent, PublisherHandle, ResourceSlicePublisher};
 
-pub use registration::RegistrationStatus;
-pub use socket::{SocketError, SocketPaths};
+pub(crate) use registration::RegistrationStatus;
+pub(crate) use socket::{SocketError, SocketPaths};
 
 use self::dra::{DraV1, DraV1beta1, HealthService};
 use self::node::NodeService;
@@ -211,12 +209,14 @@ impl KubeletPlugin {
         self.registration.clone()
     }
 
-    /// The ResourceSlice publisher, when the plugin was given resources to publish.
-    ///
-    /// A driver that reports device states through its [`DriverContext`] should publish
-    /// through [`DriverContext::publish`] too: an update here replaces the state taints.
-    pub fn publisher(&self) -> Option<&PublisherHandle> {
-        self.publisher.as_ref()
+    /// Resolves once the devices last given to [`DriverContext::publish`] (or to
+    /// [`PluginBuilder::resources`]) are written to the API server and observed; at once when
+    /// the plugin publishes nothing. Devices are published only through the context, so that
+    /// device states and their taints stay in every update.
+    pub async fn published(&self) {
+        if let Some(publisher) = &self.publisher {
+            publisher.synced().await;
+        }
     }
 
     /// The context the driver received in [`Driver::start`].
@@ -439,7 +439,7 @@ impl<D: Driver> PluginBuilder<D> {
         let driver = Arc::new(self.driver);
         let boot_id = match self.boot_id {
             Some(id) => id,
-            None => crate::checkpoint::current_boot_id()?,
+            None => crate::advanced::checkpoint::current_boot_id()?,
         };
         let (checkpoint, report) = Checkpoint::open(&data_dir, boot_id)?;
         if let Some(moved_to) = report.corrupt_moved_to.clone() {
@@ -631,7 +631,7 @@ fn create_dir(dir: &std::path::Path) -> Result<(), PluginError> {
 async fn recover_and_start_driver<D: Driver>(
     node: &NodeService<D>,
     context: &DriverContext,
-    report: &crate::checkpoint::OpenReport,
+    report: &crate::advanced::checkpoint::OpenReport,
 ) -> Result<(), PluginError> {
     let startup_serial = node
         .serialize()
@@ -646,20 +646,10 @@ async fn recover_and_start_driver<D: Driver>(
     Ok(())
 }
 
-/// The health source the plugin serves: the driver's own, else its context's device states
-/// when the driver reports health through them.
+/// The health source the plugin serves: the context's device states, when the driver reports
+/// health through them.
 fn health_source<D: Driver>(driver: &D, context: &DriverContext) -> Option<HealthSource> {
-    match driver.health() {
-        Some(source) => {
-            if driver.reports_health() {
-                tracing::warn!(
-                    "the driver both returns a health source and reports health through its context; serving the health source, the context's device states only taint devices"
-                );
-            }
-            Some(source)
-        }
-        None => driver.reports_health().then(|| context.health_source()),
-    }
+    driver.reports_health().then(|| context.health_source())
 }
 
 /// Binds the DRA socket and serves both DRA API versions, the gRPC health service and the

@@ -26,13 +26,12 @@ use futures::FutureExt as _;
 use futures::future::join_all;
 use tracing::Instrument;
 
-use crate::cdi::{ClaimDevice, SpecWriter};
-use crate::checkpoint::{
+use crate::advanced::checkpoint::{
     Checkpoint, CheckpointError, ClaimChange, ClaimRecord, ClaimState, PreparedDeviceRecord,
 };
-use crate::claim::ClaimReader;
+use crate::cdi::{ClaimDevice, SpecWriter};
 use crate::claim::locks::{ClaimFileGuard, ClaimFileLocks, ClaimLocks, NodeGuard, NodeLock};
-use crate::claim::{Claim, ClaimRef, DriverError};
+use crate::claim::{Claim, ClaimReader, ClaimRef, DriverError};
 use crate::config::ConfigRegistry;
 use crate::context::CLAIM_IN_PROGRESS;
 use crate::device_status::DeviceStatus;
@@ -248,7 +247,7 @@ impl<D: Driver> NodeService<D> {
             .await
             .map_err(|error| (error.kind(), error.to_string()))?;
         let claim =
-            crate::claim::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
+            crate::claim::read::resolve(claim, Arc::new(object), &self.driver_name, &self.registry)
                 .map_err(|error| (error.kind(), error.to_string()))?;
         // Checked before the driver sees the claim, and only for claims that are not prepared
         // yet: a prepared claim keeps what it was prepared with (the checkpoint answers it).

@@ -16,14 +16,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::checkpoint::PreparedDeviceRecord;
+use crate::advanced::checkpoint::PreparedDeviceRecord;
+use crate::advanced::metadata::{
+    ClaimMetadataFiles, MetadataClaim, MetadataDevice, MetadataListing, MetadataWriter,
+};
 use crate::claim::{Claim, ClaimRef};
 use crate::context::DriverContext;
 use crate::device_status::{DeviceStatus, DeviceStatusWriter};
 use crate::driver::{Driver, PluginEvent};
-use crate::metadata::{
-    ClaimMetadataFiles, MetadataClaim, MetadataDevice, MetadataListing, MetadataWriter,
-};
 
 /// The opted-in publishers of one plugin.
 pub(crate) struct ClaimReports {

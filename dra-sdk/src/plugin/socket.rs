@@ -137,7 +137,7 @@ pub enum SocketError {
 ///
 /// ```
 /// use std::path::Path;
-/// use dra_sdk::plugin::SocketPaths;
+/// use dra_sdk::advanced::SocketPaths;
 ///
 /// let paths = SocketPaths::new(
 ///     "gpu.example.com",
@@ -147,7 +147,7 @@ pub enum SocketError {
 /// )?;
 /// assert_eq!(paths.registration, Path::new("/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock"));
 /// assert_eq!(paths.dra, Path::new("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"));
-/// # Ok::<(), dra_sdk::plugin::SocketError>(())
+/// # Ok::<(), dra_sdk::advanced::SocketError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SocketPaths {
@@ -333,7 +333,7 @@ fn validate_pod_uid(pod_uid: &str) -> Result<(), SocketError> {
 /// # Example
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), dra_sdk::plugin::SocketError> {
+/// # async fn demo() -> Result<(), dra_sdk::advanced::SocketError> {
 /// let listener = dra_sdk::advanced::bind_private(
 ///     std::path::Path::new("/var/lib/kubelet/plugins/gpu.example.com/dra.sock"),
 /// )?;
@@ -436,7 +436,7 @@ fn remove_if_stale(path: &Path) -> Result<(), SocketError> {
 /// dra_sdk::advanced::remove_socket(std::path::Path::new(
 ///     "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock",
 /// ))?;
-/// # Ok::<(), dra_sdk::plugin::SocketError>(())
+/// # Ok::<(), dra_sdk::advanced::SocketError>(())
 /// ```
 pub fn remove_socket(path: &Path) -> Result<(), SocketError> {
     let remove_error = |source: io::Error| SocketError::Remove {

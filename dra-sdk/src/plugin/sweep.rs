@@ -11,9 +11,9 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use crate::advanced::metadata::ClaimMetadataFiles;
 use crate::cdi::ClaimFiles;
 use crate::driver::Driver;
-use crate::metadata::ClaimMetadataFiles;
 use crate::plugin::node::NodeService;
 
 /// What the sweep found on disk for one claim.

@@ -6,7 +6,7 @@
 //! Kubernetes versions:
 //!
 //! * **Validation** before anything is sent ([`DriverResources::validate`]), against the
-//!   limits of the server's release ([`SliceLimits`]); errors name pool, device and field.
+//!   limits of the server's release ([`SliceLimits`](crate::advanced::slices::SliceLimits)); errors name pool, device and field.
 //! * **Splitting**: a pool becomes as many slices as the limits require, with
 //!   `resourceSliceCount` and the pool generation kept consistent. Assignment of devices to
 //!   slices is deterministic and sticky, so changing one device rewrites one slice (see
@@ -27,9 +27,8 @@
 //!   ([`PublisherHandle::stats`], [`PublisherHandle::register_metrics`]).
 //!
 //! ```no_run
-//! use dra_sdk::slices::{
-//!     Device, DeviceCapacity, DeviceTaint, DriverResources, ResourceSlicePublisher, TaintEffect,
-//! };
+//! use dra_sdk::advanced::slices::ResourceSlicePublisher;
+//! use dra_sdk::slices::{Device, DeviceCapacity, DeviceTaint, DriverResources, TaintEffect};
 //!
 //! # async fn example() -> Result<(), kube::Error> {
 //! let gpu = |i: i64| {
@@ -95,23 +94,21 @@
 
 mod backoff;
 mod layout;
-mod limits;
+pub(crate) mod limits;
 mod model;
 mod plan;
-mod publisher;
+pub(crate) mod publisher;
 pub(crate) mod slice_names;
-mod validate;
-mod wire;
+pub(crate) mod validate;
+pub(crate) mod wire;
 
-pub use limits::{CounterLayout, KubernetesVersion, SliceLimits};
+pub use dra_sdk_derive::DeviceAttributes;
 pub use model::{
     AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceAttributes, DeviceCapacity,
-    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, NodeSelector,
-    Pool, PoolNodeSelection, Quantity, TaintEffect, Time, ValidRequestValues,
+    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, Pool,
+    PoolNodeSelection, Quantity, TaintEffect, ValidRequestValues,
 };
 pub(crate) use publisher::SliceUpdater;
-pub use publisher::{
-    Operation, PublishError, PublishEvent, PublishStats, PublisherHandle, ResourceSlicePublisher,
-};
-pub use validate::{FieldPath, Problem, ValidationError, ValidationErrors, validate_driver_name};
-pub use wire::{FeatureGate, ResourceApiVersion};
+pub(crate) use publisher::{PublishEvent, PublisherHandle, ResourceSlicePublisher};
+pub use validate::ValidationErrors;
+pub(crate) use wire::ResourceApiVersion;

@@ -7,9 +7,9 @@
 
 use std::collections::BTreeMap;
 
-pub use k8s_openapi::api::core::v1::NodeSelector;
+pub(crate) use k8s_openapi::api::core::v1::NodeSelector;
 pub use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+pub(crate) use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Everything a driver publishes: its pools, keyed by pool name.
 ///

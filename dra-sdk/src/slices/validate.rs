@@ -167,7 +167,7 @@ impl ValidationErrors {
 /// warning); slice names are written in lower case.
 ///
 /// ```
-/// use dra_sdk::slices::validate_driver_name;
+/// use dra_sdk::advanced::slices::validate_driver_name;
 ///
 /// assert!(validate_driver_name("gpu.example.com").is_ok());
 /// let errors = validate_driver_name(&format!("{}.com", "a".repeat(60))).unwrap_err();
@@ -195,7 +195,8 @@ impl DriverResources {
     /// when the release is unknown).
     ///
     /// ```
-    /// use dra_sdk::slices::{Device, DriverResources, SliceLimits};
+    /// use dra_sdk::slices::{Device, DriverResources};
+    /// use dra_sdk::advanced::slices::SliceLimits;
     ///
     /// let bad = DriverResources::single_pool("node-1", vec![Device::new("GPU_0")]);
     /// let errors = bad.validate(&SliceLimits::strictest()).unwrap_err();

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use dra_sdk::cdi::Spec;
+use dra_sdk::advanced::cdi::Spec;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
@@ -784,11 +784,9 @@ async fn drive(
 ) -> Result<DemoReport, DemoError> {
     let client = stage.client.clone();
     let node = stage.node.as_str();
-    if let Some(publisher) = plugin.publisher() {
-        tokio::time::timeout(PUBLISH_TIMEOUT, publisher.synced())
-            .await
-            .map_err(err("waiting for the ResourceSlices"))?;
-    }
+    tokio::time::timeout(PUBLISH_TIMEOUT, plugin.published())
+        .await
+        .map_err(err("waiting for the ResourceSlices"))?;
     let kubelet = dra_sdk_testing::kubelet::KubeletSimulator::new(KubeletVersion::V1_36)
         .register(&plugin.socket_paths().registration)
         .await

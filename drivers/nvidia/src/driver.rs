@@ -63,10 +63,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use dra_sdk::advanced::checkpoint::ClaimRecord;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::checkpoint::ClaimRecord;
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError};
+use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::DriverContext;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice, ReconcileError};

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dra_sdk::advanced::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, current_boot_id};
 use dra_sdk::cdi::{CdiError, Kind};
-use dra_sdk::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, current_boot_id};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::slices::DriverResources;
 

@@ -8,7 +8,8 @@ use std::path::Path;
 use dra_driver_nvidia::cdi::{CdiEdits, CdiError};
 use dra_driver_nvidia::config::IommuBackendPolicy;
 use dra_driver_nvidia::host::Host as _;
-use dra_sdk::cdi::{CdiDevice, ContainerEdits, Spec};
+use dra_sdk::advanced::cdi::{CdiDevice, Spec};
+use dra_sdk::cdi::ContainerEdits;
 use fixture::*;
 use serde_json::{Value, json};
 

@@ -16,8 +16,7 @@ use clap::{CommandFactory as _, Parser as _};
 use dra_driver_nvidia::devices::device_classes;
 use dra_driver_nvidia::plugin::Cli;
 // The image the chart deploys is checked here too: one test binary less to link.
-use dra_sdk_testing::deliverables::chart as shared;
-use dra_sdk_testing::deliverables::dockerfile;
+use dra_sdk_testing::deliverables::{chart as shared, dockerfile};
 use serde_json::Value;
 use shared::{OpenApi, describe, helm_or_skip, leaves, render_chart, validate_all, yaml};
 

@@ -15,10 +15,8 @@
 use std::path::{Path, PathBuf};
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
-use dra_sdk_testing::deliverables::chart as shared;
-use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
-use dra_sdk_testing::e2e::workload;
-use dra_sdk_testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip};
+use dra_sdk_testing::deliverables::{chart as shared, chart_cluster as shared_e2e};
+use dra_sdk_testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip, workload};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::Value;

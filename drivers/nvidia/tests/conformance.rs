@@ -12,7 +12,7 @@ use dra_driver_nvidia::driver::{FeatureGate, NvidiaDriver};
 use dra_driver_nvidia::health::HealthPolicy;
 use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_driver_nvidia::sharing::ConsumableShares;
-use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::advanced::checkpoint::Checkpoint;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME};
 use dra_sdk_testing::conformance::{Conformance, Outcome};
 

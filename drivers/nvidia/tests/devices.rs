@@ -8,7 +8,8 @@ use dra_driver_nvidia::backend::GpuBackend;
 use dra_driver_nvidia::backend::mock::{MockBackend, ProfileError};
 use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
 use dra_driver_nvidia::host::FakeHostTree;
-use dra_sdk::slices::{AttributeValue, Device, KubernetesVersion, SliceLimits};
+use dra_sdk::advanced::slices::{KubernetesVersion, SliceLimits};
+use dra_sdk::slices::{AttributeValue, Device};
 
 /// A GPU model as the reference gives it: name, PCI device ID, compute capability,
 /// architecture.

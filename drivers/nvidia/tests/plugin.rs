@@ -45,8 +45,7 @@ async fn start_with(profile: &str, flags: &[&str]) -> Fixture {
         .start()
         .await
         .unwrap();
-    let publisher = plugin.publisher().unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), publisher.synced())
+    tokio::time::timeout(std::time::Duration::from_secs(10), plugin.published())
         .await
         .unwrap();
     Fixture {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use dra_driver_nvidia::driver::{DRIVER_NAME, NvidiaDriver, VfioBinder, VfioBinding};
 use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost};
-use dra_sdk::cdi::Spec;
+use dra_sdk::advanced::cdi::Spec;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::claims::AllocatedClaim;
@@ -811,7 +811,7 @@ async fn reservations_survive_a_restart_through_the_checkpoint() {
     } = r;
     plugin.shutdown().await.unwrap();
 
-    let (checkpoint, _) = dra_sdk::checkpoint::Checkpoint::open(
+    let (checkpoint, _) = dra_sdk::advanced::checkpoint::Checkpoint::open(
         &cluster.plugins_dir().join(DRIVER_NAME),
         dra_sdk_testing::cluster::BOOT_ID,
     )

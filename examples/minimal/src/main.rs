@@ -4,14 +4,12 @@
 
 use clap::Parser;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{Claim, DriverError};
+use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 use dra_sdk::cli::PluginArgs;
-use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
+use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError, OpaqueConfig};
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::plugin::KubeletPlugin;
-use dra_sdk::slices::{Device, DriverResources, Quantity};
-use dra_sdk::{DeviceAttributes, OpaqueConfig};
+use dra_sdk::slices::{Device, DeviceAttributes, DriverResources, Quantity};
 
 /// The name the driver registers with the kubelet and writes into its ResourceSlices.
 const DRIVER_NAME: &str = "minimal.example.com";

@@ -9,8 +9,7 @@
 //!     interval: Long             # Default | Short | Medium | Long
 //! ```
 
-use dra_sdk::OpaqueConfig;
-use dra_sdk::config::{ConfigHooks, ConfigValidationError};
+use dra_sdk::config::{ConfigHooks, ConfigValidationError, OpaqueConfig};
 use serde::{Deserialize, Serialize};
 
 /// How the GPUs of a request are shared.

@@ -626,10 +626,9 @@ async fn drive(
         kubelet.api
     )?;
 
-    if let Some(publisher) = plugin.publisher()
-        && tokio::time::timeout(PUBLISH_TIMEOUT, publisher.synced())
-            .await
-            .is_err()
+    if tokio::time::timeout(PUBLISH_TIMEOUT, plugin.published())
+        .await
+        .is_err()
     {
         bail!("the plugin did not publish its ResourceSlices within {PUBLISH_TIMEOUT:?}");
     }
@@ -1340,7 +1339,7 @@ fn container_env(cdi_root: &Path, devices: &[KubeletDevice]) -> Result<Vec<Strin
         };
         for entry in std::fs::read_dir(cdi_root)? {
             let path = entry?.path();
-            let spec = dra_sdk::cdi::Spec::read_file(&path)
+            let spec = dra_sdk::advanced::cdi::Spec::read_file(&path)
                 .with_context(|| format!("reading {}", path.display()))?;
             if spec.kind.to_string() != kind {
                 continue;

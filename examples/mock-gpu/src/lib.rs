@@ -34,15 +34,14 @@ pub mod testing;
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use dra_sdk::DeviceAttributes;
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::claim::RecordedClaim;
-use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError};
+use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
 use dra_sdk::context::{ContextError, DriverContext};
 use dra_sdk::device_status::DeviceStatus;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::health::DeviceState;
+use dra_sdk::slices::DeviceAttributes;
 use dra_sdk::slices::{
     CapacityRequestPolicy, CounterSet, Device, DeviceTaint, DriverResources, Pool, Quantity,
     TaintEffect,

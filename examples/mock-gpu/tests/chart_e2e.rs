@@ -16,8 +16,7 @@ use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
 
 use std::path::Path;
 
-use dra_sdk_testing::e2e::workload;
-use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip};
+use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip, workload};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use dra_sdk::cdi::Spec;
+use dra_sdk::advanced::cdi::Spec;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip};

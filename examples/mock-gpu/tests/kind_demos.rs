@@ -13,12 +13,11 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use dra_sdk::cdi::Spec;
+use dra_sdk::advanced::cdi::Spec;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletDevice;
-use k8s_openapi::api::resource::v1::DeviceClass;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kube::api::{Api, PostParams};
 use mock_gpu::classes::device_classes;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver, PublishOptions};

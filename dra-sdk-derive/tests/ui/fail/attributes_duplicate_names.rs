@@ -1,4 +1,4 @@
-use sdk::DeviceAttributes;
+use sdk::slices::DeviceAttributes;
 
 #[derive(DeviceAttributes)]
 #[dra(crate = "sdk")]

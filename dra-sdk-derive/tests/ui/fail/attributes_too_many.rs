@@ -1,4 +1,4 @@
-use sdk::DeviceAttributes;
+use sdk::slices::DeviceAttributes;
 
 /// 34 attributes: the 33rd field is reported.
 #[derive(DeviceAttributes)]

@@ -1,6 +1,6 @@
 use std::collections::HashMap;
 
-use sdk::DeviceAttributes;
+use sdk::slices::DeviceAttributes;
 
 #[derive(DeviceAttributes)]
 #[dra(crate = "sdk")]

@@ -1,4 +1,4 @@
-use sdk::OpaqueConfig;
+use sdk::config::OpaqueConfig;
 
 /// No `impl ConfigHooks` and no `hooks = false`.
 #[derive(serde::Deserialize, OpaqueConfig)]

@@ -1,4 +1,4 @@
-use sdk::OpaqueConfig;
+use sdk::config::OpaqueConfig;
 
 #[derive(serde::Deserialize, OpaqueConfig)]
 #[dra(crate = "sdk", kind = "GpuConfig", hooks = false)]

@@ -4,7 +4,7 @@
 use sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
 use sdk::slices::{AttributeValue, Device};
 
-#[derive(sdk::DeviceAttributes)]
+#[derive(sdk::slices::DeviceAttributes)]
 #[dra(crate = "sdk")]
 struct Gpu {
     index: i64,
@@ -14,14 +14,14 @@ struct Gpu {
     common: Common,
 }
 
-#[derive(sdk::DeviceAttributes)]
+#[derive(sdk::slices::DeviceAttributes)]
 #[dra(crate = "::sdk")]
 struct Common {
     #[dra(name = "resource.kubernetes.io/pcieRoot")]
     pcie_root: Option<String>,
 }
 
-#[derive(serde::Deserialize, sdk::OpaqueConfig)]
+#[derive(serde::Deserialize, sdk::config::OpaqueConfig)]
 #[dra(api_version = "gpu.example.com/v1", kind = "GpuConfig", crate = "sdk")]
 struct GpuConfig {
     interval: u8,
@@ -36,7 +36,7 @@ impl ConfigHooks for GpuConfig {
     }
 }
 
-#[derive(serde::Deserialize, sdk::OpaqueConfig)]
+#[derive(serde::Deserialize, sdk::config::OpaqueConfig)]
 #[dra(api_version = "gpu.example.com/v1", kind = "Empty", hooks = false, crate = "sdk")]
 struct Empty {}
 

@@ -289,7 +289,8 @@ impl Default for Options {
 /// behaviour.
 ///
 /// ```no_run
-/// use dra_sdk::slices::{Device, DriverResources, ResourceSlicePublisher};
+/// use dra_sdk::slices::{Device, DriverResources};
+/// use dra_sdk::advanced::slices::ResourceSlicePublisher;
 ///
 /// # async fn example() -> Result<(), kube::Error> {
 /// let client = kube::Client::try_default().await?;
@@ -422,7 +423,8 @@ impl ResourceSlicePublisher {
     ///
     /// ```no_run
     /// # async fn run(client: kube::Client) {
-    /// use dra_sdk::slices::{DriverResources, PublishEvent, ResourceSlicePublisher};
+    /// use dra_sdk::slices::DriverResources;
+    /// use dra_sdk::advanced::slices::{PublishEvent, ResourceSlicePublisher};
     ///
     /// let publisher = ResourceSlicePublisher::for_node(client, "gpu.example.com", "node-1");
     /// let mut events = publisher.subscribe();

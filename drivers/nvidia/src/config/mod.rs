@@ -59,8 +59,9 @@ mod quantity;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use dra_sdk::OpaqueConfig;
-use dra_sdk::config::{ConfigHooks, ConfigKind, ConfigRegistry, ConfigValidationError};
+use dra_sdk::config::{
+    ConfigHooks, ConfigKind, ConfigRegistry, ConfigValidationError, OpaqueConfig,
+};
 use serde::{Deserialize, Serialize};
 
 pub use quantity::Quantity;

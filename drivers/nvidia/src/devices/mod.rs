@@ -52,9 +52,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use dra_sdk::DeviceAttributes;
 use dra_sdk::attributes::{Bytes, ToAttributeValue, Version};
-use dra_sdk::slices::{AttributeValue, CounterSet, Device, DeviceCapacity, DriverResources, Pool};
+use dra_sdk::slices::{
+    AttributeValue, CounterSet, Device, DeviceAttributes, DeviceCapacity, DriverResources, Pool,
+};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector,
 };

@@ -1,7 +1,7 @@
 use super::*;
 use crate::backend::mock::MockBackend;
 use crate::host::{FakeHostTree, RootedHost};
-use dra_sdk::slices::{KubernetesVersion, SliceLimits};
+use dra_sdk::advanced::slices::{KubernetesVersion, SliceLimits};
 
 fn discover(
     profile: &str,

@@ -5,7 +5,7 @@
 use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
 use dra_driver_nvidia::mig::{MigCall, MigCallKind};
 use dra_driver_nvidia::sharing::ConsumableShares;
-use dra_sdk::checkpoint::Checkpoint;
+use dra_sdk::advanced::checkpoint::Checkpoint;
 use dra_sdk::claim::RecordedClaim;
 use dra_sdk::driver::Driver;
 use dra_sdk_testing::cluster::BOOT_ID;
@@ -20,7 +20,7 @@ async fn start_dynamic(profile: &str) -> Running {
     r
 }
 
-fn record(r: &Running, claim: &ClaimRef) -> dra_sdk::checkpoint::ClaimRecord {
+fn record(r: &Running, claim: &ClaimRef) -> dra_sdk::advanced::checkpoint::ClaimRecord {
     let (checkpoint, _) =
         Checkpoint::open(&r.cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
     checkpoint.records().unwrap().remove(&claim.uid).unwrap()

@@ -10,7 +10,7 @@ use std::time::Duration;
 use dra_driver_nvidia::driver::ClaimState;
 use dra_driver_nvidia::host::{Host, ProcessId};
 use dra_driver_nvidia::sharing::{AppliedSharing, ConsumableShares, MpsDaemonRecord, MpsSettings};
-use dra_sdk::checkpoint::{Checkpoint, ClaimRecord};
+use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimRecord};
 use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;

@@ -33,8 +33,7 @@
 //! `examples/mock-gpu` runs with it on (`--device-metadata`).
 //!
 //! ```no_run
-//! use dra_sdk::claim::RecordedClaim;
-//! use dra_sdk::claim::{Claim, DriverError};
+//! use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
 //! use dra_sdk::driver::{Driver, PreparedClaim};
 //!
 //! struct NicDriver;
@@ -59,7 +58,7 @@
 //! data directory (`<plugins dir>/<driver>`) and CDI root.
 //!
 //! ```
-//! use dra_sdk::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+//! use dra_sdk::advanced::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 //!
 //! # let plugin_dir = tempfile::tempdir()?;
 //! # let cdi_dir = tempfile::tempdir()?;

@@ -306,7 +306,7 @@ fn checksum_of(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::ClaimState;
+    use crate::advanced::checkpoint::ClaimState;
     use serde_json::json;
 
     fn sample() -> Contents {

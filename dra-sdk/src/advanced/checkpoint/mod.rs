@@ -23,7 +23,7 @@
 //! Operator-facing details (format, versioning, recovery) are in `docs/checkpoint.md`.
 //!
 //! ```
-//! use dra_sdk::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
+//! use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimChange, ClaimRecord, PreparedDeviceRecord};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let tmp = tempfile::tempdir()?;
@@ -50,12 +50,11 @@ mod format;
 mod record;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::fs::{self, File};
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+use std::{fmt, io};
 
 pub use format::Corruption;
 pub use record::{ClaimRecord, ClaimState, PreparedDeviceRecord};
@@ -164,8 +163,8 @@ pub enum CheckpointError {
 /// Reads the ID of the current boot from `/proc/sys/kernel/random/boot_id`.
 ///
 /// ```no_run
-/// let boot_id = dra_sdk::checkpoint::current_boot_id()?;
-/// # Ok::<(), dra_sdk::checkpoint::CheckpointError>(())
+/// let boot_id = dra_sdk::advanced::checkpoint::current_boot_id()?;
+/// # Ok::<(), dra_sdk::advanced::checkpoint::CheckpointError>(())
 /// ```
 pub fn current_boot_id() -> Result<String, CheckpointError> {
     read_boot_id(Path::new(BOOT_ID_PATH))

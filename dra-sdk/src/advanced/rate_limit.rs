@@ -21,7 +21,7 @@
 //!
 //! ```
 //! # async fn client(config: kube::Config) -> Result<kube::Client, Box<dyn std::error::Error>> {
-//! use dra_sdk::rate_limit::RateLimitLayer;
+//! use dra_sdk::advanced::rate_limit::RateLimitLayer;
 //!
 //! let layer = RateLimitLayer::new(5.0, 10)?.prepare(50.0, 100)?;
 //! let client = kube::client::ClientBuilder::try_from(config)?

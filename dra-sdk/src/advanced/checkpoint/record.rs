@@ -67,7 +67,7 @@ impl<'de> Deserialize<'de> for ClaimState {
 /// [`unknown_fields`](Self::unknown_fields) and are written back unchanged.
 ///
 /// ```
-/// use dra_sdk::checkpoint::{ClaimRecord, PreparedDeviceRecord};
+/// use dra_sdk::advanced::checkpoint::{ClaimRecord, PreparedDeviceRecord};
 ///
 /// let started = ClaimRecord::started("default", "gpu-claim")
 ///     .with_driver_state(serde_json::json!({ "mpsDaemon": "mps-1" }));
@@ -133,7 +133,7 @@ impl ClaimRecord {
     /// The driver state decoded into the driver's type; `None` when the record has none.
     ///
     /// ```
-    /// use dra_sdk::checkpoint::ClaimRecord;
+    /// use dra_sdk::advanced::checkpoint::ClaimRecord;
     ///
     /// #[derive(Debug, serde::Deserialize)]
     /// struct MpsState { daemon: String }
