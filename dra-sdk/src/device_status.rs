@@ -79,7 +79,18 @@ const MAX_CONDITION_REASON: usize = 1024;
 /// Longest condition type (metav1.Condition: a qualified name).
 const MAX_CONDITION_TYPE: usize = 316;
 
-/// The status of one allocated device, as this driver reports it.
+/// The status of one allocated device, as this driver reports it: attach it to a prepared
+/// claim ([`PreparedClaim::with_device_status`](crate::driver::PreparedClaim::with_device_status)) or write it
+/// with the context's [`DeviceStatusWriter`].
+///
+/// ```
+/// use dra_sdk::device_status::DeviceStatus;
+///
+/// let status = DeviceStatus::new("node-a", "nic-0")
+///     .ready("Configured", "VF 3 bound")
+///     .interface("net1", ["10.1.2.3/24"], "02:42:ac:11:00:02");
+/// assert!(status.validate().is_ok());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct DeviceStatus {

@@ -282,6 +282,16 @@ impl PreparedClaim {
 ///
 /// Converting a [`DriverError`] with `?` gives a non-fatal error: it is logged and reported as
 /// [`PluginEvent::ReconcileFailed`], and the plugin starts.
+///
+/// ```
+/// use dra_sdk::claim::DriverError;
+/// use dra_sdk::driver::ReconcileError;
+///
+/// let leftover = ReconcileError::from(DriverError::Unavailable("MIG manager busy".into()));
+/// assert!(!leftover.is_fatal());
+/// let unsafe_to_serve = ReconcileError::fatal(DriverError::other("device state unknown"));
+/// assert!(unsafe_to_serve.is_fatal());
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]
 pub struct ReconcileError {
@@ -325,6 +335,20 @@ impl From<DriverError> for ReconcileError {
 }
 
 /// One prepared device and the container edits that expose it.
+///
+/// ```
+/// use dra_sdk::cdi::{ContainerEdits, DeviceNode, Mount};
+/// use dra_sdk::claim::AllocatedDevice;
+/// use dra_sdk::driver::PreparedDevice;
+///
+/// let allocated: AllocatedDevice<()> = AllocatedDevice::new("gpu", "node-a", "gpu-0");
+/// let edits = ContainerEdits::new()
+///     .env("GPU_INDEX", "0")
+///     .device_node(DeviceNode::new("/dev/gpu0"))
+///     .mount(Mount::new("/opt/gpu/lib", "/usr/local/gpu/lib").option("ro"));
+/// let prepared = PreparedDevice::new(&allocated, edits);
+/// assert_eq!(prepared.device, "gpu-0");
+/// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct PreparedDevice {

@@ -7,7 +7,16 @@ use serde::de::DeserializeOwned;
 
 /// Why a driver could not prepare or unprepare a claim.
 ///
-/// The message is what users see in the pod's events, so make it specific.
+/// The message is what users see in the pod's events, so make it specific. It fails that
+/// claim only; the other claims of the kubelet's call proceed.
+///
+/// ```
+/// use dra_sdk::claim::DriverError;
+///
+/// let error = DriverError::Device { device: "gpu-1".into(), reason: "XID 79".into() };
+/// assert_eq!(error.to_string(), "device gpu-1: XID 79");
+/// assert_eq!(error.kind(), "device");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DriverError {

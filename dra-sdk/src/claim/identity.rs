@@ -3,6 +3,13 @@
 use std::fmt;
 
 /// Identity of a claim as the kubelet sends it.
+///
+/// ```
+/// use dra_sdk::claim::ClaimRef;
+///
+/// let claim = ClaimRef::new("default", "gpu-claim", "8f0c5d1e");
+/// assert_eq!(claim.to_string(), "default/gpu-claim (8f0c5d1e)");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClaimRef {
     /// The ResourceClaim's UID.

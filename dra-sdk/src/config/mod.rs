@@ -87,6 +87,21 @@ pub use registry::{ConfigKind, ConfigRegistry};
 ///
 /// The top level must deserialize from a JSON object: a struct, or an internally tagged,
 /// adjacently tagged or untagged enum.
+///
+/// ```
+/// use dra_sdk::config::{ConfigRegistry, OpaqueConfig};
+///
+/// #[derive(Debug, serde::Deserialize, OpaqueConfig)]
+/// #[serde(rename_all = "camelCase")]
+/// #[dra(api_version = "gpu.example.com/v1", kind = "GpuConfig", hooks = false)]
+/// struct GpuConfig {
+///     time_slice: Option<String>,
+/// }
+///
+/// let registry: ConfigRegistry<GpuConfig> = ConfigRegistry::new().register::<GpuConfig>();
+/// assert_eq!(GpuConfig::KIND, "GpuConfig");
+/// # let _ = registry;
+/// ```
 pub trait OpaqueConfig: serde::de::DeserializeOwned + ConfigHooks + Send + Sync + 'static {
     /// `group/version`, for example `gpu.example.com/v1`.
     const API_VERSION: &'static str;

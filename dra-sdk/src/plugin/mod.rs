@@ -139,7 +139,41 @@ impl std::fmt::Debug for KubeletPlugin {
     }
 }
 
-/// Configures and starts a [`KubeletPlugin`].
+/// Configures and starts a [`KubeletPlugin`]; made by [`KubeletPlugin::builder`].
+///
+/// Every setting has the kubelet's default; [`args`](Self::args) takes the standard flags.
+///
+/// ```no_run
+/// use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
+/// use dra_sdk::driver::{Driver, PreparedClaim};
+/// use dra_sdk::plugin::KubeletPlugin;
+/// use dra_sdk::slices::{Device, DriverResources};
+///
+/// struct Nothing;
+///
+/// #[dra_sdk::async_trait]
+/// impl Driver for Nothing {
+///     type Config = ();
+///     async fn prepare(&self, _: &Claim<()>) -> Result<PreparedClaim, DriverError> {
+///         Ok(PreparedClaim::new(Vec::new()))
+///     }
+///     async fn unprepare(&self, _: &RecordedClaim) -> Result<(), DriverError> {
+///         Ok(())
+///     }
+/// }
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = kube::Client::try_default().await?;
+/// let plugin = KubeletPlugin::builder(Nothing, "nothing.example.com", "node-a", client)
+///     .plugins_dir("/var/lib/kubelet/plugins")
+///     .cdi_root("/var/run/cdi")
+///     .resources(DriverResources::single_pool("node-a", vec![Device::new("dev-0")]))
+///     .start()
+///     .await?;
+/// plugin.published().await;
+/// plugin.run_until_signal().await?;
+/// # Ok(()) }
+/// ```
 pub struct PluginBuilder<D: Driver> {
     driver: D,
     driver_name: String,

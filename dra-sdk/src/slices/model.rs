@@ -56,6 +56,19 @@ impl DriverResources {
 ///
 /// The publisher splits a pool into as many ResourceSlices as the server's limits require and
 /// keeps `pool.generation` and `pool.resourceSliceCount` consistent.
+///
+/// ```
+/// use dra_sdk::slices::{CounterSet, Device, DriverResources, Pool};
+///
+/// // Two partitions of one GPU, sharing its memory through a counter set.
+/// let pool = Pool::new([
+///     Device::new("gpu-0-part-0").consumes("gpu-0", [("memory", "40Gi")]),
+///     Device::new("gpu-0-part-1").consumes("gpu-0", [("memory", "40Gi")]),
+/// ])
+/// .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]));
+/// let resources = DriverResources::new().with_pool("node-a", pool);
+/// assert_eq!(resources.device_count(), 2);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Pool {
@@ -387,6 +400,17 @@ impl From<Vec<String>> for AttributeValue {
 }
 
 /// A device capacity.
+///
+/// ```
+/// use dra_sdk::slices::{CapacityRequestPolicy, Device, DeviceCapacity};
+///
+/// // 80Gi of memory that several claims may share, in steps of 1Gi, 10Gi when not asked.
+/// let memory = DeviceCapacity::new("80Gi").with_request_policy(
+///     CapacityRequestPolicy::with_default("10Gi").valid_range("1Gi", Some("80Gi"), Some("1Gi")),
+/// );
+/// let gpu = Device::new("gpu-0").capacity("memory", memory).allow_multiple_allocations(true);
+/// assert!(gpu.capacity["memory"].request_policy.is_some());
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceCapacity {
     /// Total amount of the capacity.
@@ -544,7 +568,16 @@ impl DeviceCounterConsumption {
     }
 }
 
-/// A taint on a device.
+/// A taint on a device: pods without a matching toleration are not scheduled on it
+/// (`NoSchedule`) or are evicted from it (`NoExecute`).
+///
+/// ```
+/// use dra_sdk::slices::{Device, DeviceTaint, TaintEffect};
+///
+/// let gpu = Device::new("gpu-3")
+///     .taint(DeviceTaint::new("gpu.example.com/maintenance", TaintEffect::NoSchedule).value("bios"));
+/// assert_eq!(gpu.taints[0].effect, TaintEffect::NoSchedule);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct DeviceTaint {
@@ -613,7 +646,22 @@ impl std::fmt::Display for TaintEffect {
 
 /// Something that contributes attributes and capacities to a [`Device`].
 ///
-/// Usually derived with `#[derive(DeviceAttributes)]`.
+/// Usually derived with `#[derive(DeviceAttributes)]`:
+///
+/// ```
+/// use dra_sdk::slices::{AttributeValue, Device, DeviceAttributes, Quantity};
+///
+/// #[derive(DeviceAttributes)]
+/// struct Gpu {
+///     model: String,
+///     #[dra(capacity)]
+///     memory: Quantity,
+/// }
+///
+/// let gpu = Gpu { model: "A100".into(), memory: Quantity("80Gi".into()) };
+/// let device = Device::new("gpu-0").with_attributes(&gpu);
+/// assert_eq!(device.attributes["model"], AttributeValue::String("A100".into()));
+/// ```
 pub trait DeviceAttributes {
     /// Writes this value's attributes and capacities into `device`.
     fn apply_to(&self, device: &mut Device);
