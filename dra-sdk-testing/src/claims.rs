@@ -20,6 +20,18 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
+/// The device results of a claim's allocation (`status.allocation.devices.results`); empty
+/// while the claim is not allocated.
+pub fn allocation_results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .and_then(|allocation| allocation.devices.as_ref())
+        .and_then(|devices| devices.results.clone())
+        .unwrap_or_default()
+}
+
 /// Builder of a ResourceClaim with `status.allocation` filled in.
 #[derive(Clone, Debug)]
 pub struct AllocatedClaim {

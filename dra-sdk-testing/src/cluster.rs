@@ -39,11 +39,12 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::apiserver::FakeApiServer;
@@ -61,6 +62,47 @@ pub const BOOT_ID: &str = "00000000-0000-4000-8000-000000000001";
 
 /// How long [`TestCluster::start_with`] waits for the plugin's ResourceSlices.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Polls `check` every 20 ms until it holds; panics after 30 seconds, naming `what`. For
+/// waiting on a plugin process (its sockets, its slices) from a multi-threaded test.
+pub async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The devices of every ResourceSlice of `driver`, listed through `client` every 50 ms until
+/// `done` holds for them; panics after 10 seconds, naming `what` and the last devices seen.
+pub async fn wait_for_devices(
+    client: &kube::Client,
+    driver: &str,
+    what: &str,
+    done: impl Fn(&[Device]) -> bool,
+) -> Vec<Device> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let devices: Vec<Device> = api
+            .list(&ListParams::default())
+            .await
+            .expect("listing ResourceSlices")
+            .items
+            .into_iter()
+            .filter(|slice| slice.spec.driver == driver)
+            .flat_map(|slice| slice.spec.devices.unwrap_or_default())
+            .collect();
+        if done(&devices) {
+            return devices;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {devices:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// Why the test cluster could not start, or a helper failed.
 #[derive(Debug, thiserror::Error)]
@@ -240,6 +282,36 @@ impl TestCluster {
     /// The temporary folder holding everything.
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Writes a kubeconfig for the fake API server to `kubeconfig` in the cluster's folder
+    /// and returns its path: what a plugin process or a CLI is pointed at with
+    /// `--kubeconfig`.
+    pub fn write_kubeconfig(&self) -> Result<PathBuf, ClusterError> {
+        let path = self.path().join("kubeconfig");
+        self.api.write_kubeconfig(&path)?;
+        Ok(path)
+    }
+
+    /// A kubelet plugin binary at `binary`, pointed at this cluster through `kubeconfig`, as
+    /// an operator runs it on the cluster's node: `--kubeconfig`, `--node-name` and the
+    /// kubelet's registrar, plugins and CDI directories, with `RUST_LOG=warn` and stdout
+    /// discarded. The driver's own flags (device counts, profiles) are added by the caller.
+    pub fn plugin_command(&self, binary: &Path, kubeconfig: &Path) -> Command {
+        let mut command = Command::new(binary);
+        command
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--node-name", NODE_NAME])
+            .arg("--kubelet-registrar-directory-path")
+            .arg(self.registrar_dir())
+            .arg("--kubelet-plugins-directory-path")
+            .arg(self.plugins_dir())
+            .arg("--cdi-root")
+            .arg(self.cdi_root())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null());
+        command
     }
 
     /// A plugin builder wired to this cluster: its API server, directories and boot ID.

@@ -26,8 +26,7 @@ fn parse(args: &[&str]) -> PluginArgs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_holds_requests_beyond_the_burst_back() {
     let cluster = TestCluster::start().await.unwrap();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let kubeconfig = kubeconfig.to_str().unwrap();
     let list = |client: kube::Client| async move {
         let nodes: kube::Api<Node> = kube::Api::all(client);
@@ -82,8 +81,7 @@ async fn prepares_are_not_held_back_by_the_background_limit() {
     }
 
     let cluster = TestCluster::start().await.unwrap();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let args = parse(&["--kubeconfig", kubeconfig.to_str().unwrap()]);
     let layer = args.rate_limit().unwrap();
     let config = kube::Config::from_custom_kubeconfig(

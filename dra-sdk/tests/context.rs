@@ -23,11 +23,8 @@ use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, PluginError};
 use dra_sdk::slices::{DeviceTaint, DriverResources, TaintEffect};
 use dra_sdk_testing::claims::AllocatedClaim;
-use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref};
+use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref, wait_for_devices};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::Api;
-use kube::api::ListParams;
 use serde::{Deserialize, Serialize};
 
 use dra_sdk_testing::sample_driver::{DRIVER, GpuConfig, gpus, prepare_gpus};
@@ -184,27 +181,7 @@ async fn wait_for_slices(
     what: &str,
     done: impl Fn(&[k8s_openapi::api::resource::v1::Device]) -> bool,
 ) -> Vec<k8s_openapi::api::resource::v1::Device> {
-    let api: Api<ResourceSlice> = Api::all(cluster.client());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let devices: Vec<_> = api
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|slice| slice.spec.driver == DRIVER)
-            .flat_map(|slice| slice.spec.devices.unwrap_or_default())
-            .collect();
-        if done(&devices) {
-            return devices;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}; slices list {devices:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_devices(&cluster.client(), DRIVER, what, done).await
 }
 
 fn taints_of(devices: &[k8s_openapi::api::resource::v1::Device], name: &str) -> Vec<String> {

@@ -22,12 +22,7 @@ impl Setup {
         let running = TestCluster::start_with(driver, DRIVER, gpus(4))
             .await
             .unwrap();
-        let kubeconfig = running.cluster().path().join("kubeconfig");
-        running
-            .cluster()
-            .api()
-            .write_kubeconfig(&kubeconfig)
-            .unwrap();
+        let kubeconfig = running.cluster().write_kubeconfig().unwrap();
         Self {
             running,
             kubeconfig,
@@ -452,8 +447,7 @@ async fn a_failing_case_exits_1() {
         .await
         .unwrap();
     plugin.published().await;
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let run = dractl(&[
         "conformance",
         &plugin.socket_paths().registration.display().to_string(),

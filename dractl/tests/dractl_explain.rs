@@ -587,8 +587,7 @@ async fn against_a_live_cluster_it_only_reads() {
         .await
         .unwrap();
     let cluster = running.cluster();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let kubeconfig = kubeconfig.display().to_string();
     cluster
         .create_claim(NewClaim::new("default", "first").request("gpu", DRIVER))

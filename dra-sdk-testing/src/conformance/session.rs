@@ -306,12 +306,7 @@ impl Session {
             })?;
         let reference =
             crate::cluster::claim_ref(&allocated).map_err(|error| fail(error.to_string()))?;
-        let devices = allocated
-            .status
-            .and_then(|status| status.allocation)
-            .and_then(|allocation| allocation.devices)
-            .and_then(|devices| devices.results)
-            .unwrap_or_default()
+        let devices = crate::claims::allocation_results(&allocated)
             .into_iter()
             .filter(|result| result.driver == self.driver)
             .map(|result| (result.pool, result.device))

@@ -114,6 +114,50 @@ pub fn yaml(path: &Path) -> Value {
     serde_saphyr::from_str(&text).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
 }
 
+/// Every YAML document of a file (a manifest of several objects), each as JSON.
+pub fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+    serde_saphyr::from_multiple::<Value>(&text)
+        .unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+/// Panics unless the chart in `chart` documents and exercises every value: each leaf of its
+/// `values.yaml` is a row of its `README.md`'s table (`| `name` |`; a map value such as
+/// probes or affinity may be documented as a whole), `ci/all-options-values.yaml` sets it (or
+/// a map above it), and `values.schema.json` refuses unknown top-level values
+/// (`additionalProperties: false`).
+pub fn assert_all_options_documented(chart: &Path) {
+    let defaults = yaml(&chart.join("values.yaml"));
+    let all = yaml(&chart.join("ci/all-options-values.yaml"));
+    let readme = std::fs::read_to_string(chart.join("README.md")).unwrap();
+    let mut default_leaves = BTreeSet::new();
+    leaves(&defaults, "", &mut default_leaves);
+    let mut set = BTreeSet::new();
+    leaves(&all, "", &mut set);
+    for leaf in &default_leaves {
+        let documented = leaf
+            .match_indices('.')
+            .map(|(at, _)| &leaf[..at])
+            .chain([leaf.as_str()])
+            .any(|prefix| readme.contains(&format!("| `{prefix}` |")));
+        assert!(
+            documented,
+            "values.yaml's {leaf} is not in the README's table"
+        );
+        let covered = set
+            .iter()
+            .any(|s| s == leaf || s.starts_with(&format!("{leaf}.")))
+            || leaf
+                .match_indices('.')
+                .any(|(at, _)| set.contains(&leaf[..at]));
+        assert!(covered, "ci/all-options-values.yaml does not set {leaf}");
+    }
+    let schema: Value =
+        serde_json::from_slice(&std::fs::read(chart.join("values.schema.json")).unwrap()).unwrap();
+    assert_eq!(schema["additionalProperties"], false);
+}
+
 /// Every object of every values set: OpenAPI problems and decode problems, as messages
 /// prefixed with the values set and the object.
 pub fn validate_all(openapi: &OpenApi, set: &str, documents: &[Value]) -> Vec<String> {
@@ -348,6 +392,53 @@ pub fn decode(document: &Value) -> Vec<String> {
         }
         other => vec![format!("no k8s-openapi type for {other:?}; add one")],
     }
+}
+
+/// The first object of `kind` among rendered `documents`; panics when there is none.
+pub fn find_kind<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
+    documents
+        .iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+/// The `env` entries of a rendered container by variable name (empty without `env`).
+pub fn env_map(container: &Value) -> BTreeMap<String, Value> {
+    container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| (v["name"].as_str().unwrap_or_default().to_owned(), v.clone()))
+        .collect()
+}
+
+/// Panics unless the rules of the plugin's ClusterRole `role` are least privilege: exactly the
+/// verbs the SDK's plugin uses (get claims; list, watch, create, update and delete slices; get
+/// nodes), no patch, no deletecollection.
+pub fn assert_plugin_rules(role: &Value) {
+    let rules: Vec<(String, Vec<String>)> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| {
+            (
+                rule["resources"][0].as_str().unwrap().to_owned(),
+                serde_json::from_value(rule["verbs"].clone()).unwrap(),
+            )
+        })
+        .collect();
+    let owned = |r: &str, v: &[&str]| (r.to_owned(), v.iter().map(|s| (*s).to_owned()).collect());
+    assert_eq!(
+        rules,
+        vec![
+            owned("resourceclaims", &["get"]),
+            owned(
+                "resourceslices",
+                &["list", "watch", "create", "update", "delete"]
+            ),
+            owned("nodes", &["get"]),
+        ]
+    );
 }
 
 /// `kind/name` of a document, for messages.

@@ -21,6 +21,22 @@ use super::chart::describe;
 /// How long a wait for the API server or a plugin may take.
 pub const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The start of a chart e2e test: the `helm` binary
+/// ([`helm_or_skip`](super::chart::helm_or_skip)), a real cluster of two nodes (`node-1`,
+/// `node-2`) and an admin client of it; `None`, after printing why the test is skipped,
+/// without `HELM` or the Kubernetes binaries.
+pub async fn start_chart_cluster() -> Option<(PathBuf, RealCluster, kube::Client)> {
+    let helm = super::chart::helm_or_skip()?;
+    let binaries = crate::e2e::binaries_or_skip()?;
+    let cluster = RealCluster::builder(binaries)
+        .nodes(["node-1", "node-2"])
+        .start()
+        .await
+        .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
+    let admin = cluster.client().await.unwrap();
+    Some((helm, cluster, admin))
+}
+
 /// Server-side apply of each object with `fieldValidation=Strict`, which fails on any field
 /// the server does not know; a control object with a misspelled field must fail.
 pub async fn apply_strictly(client: &kube::Client, documents: &[Value]) {
@@ -137,6 +153,33 @@ pub fn token_kubeconfig(cluster: &RealCluster, token: &str, name: &str) -> PathB
     path
 }
 
+/// The name of the first ServiceAccount among a chart's rendered `documents` (the plugin's).
+pub fn service_account_name(documents: &[Value]) -> String {
+    documents
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .expect("a ServiceAccount among the rendered objects")
+        .to_owned()
+}
+
+/// A kubeconfig with a token of the chart's ServiceAccount (in rendered `documents`, applied
+/// in `namespace`) bound to a pod on `node` ([`holder_pod`], [`request_token`],
+/// [`token_kubeconfig`] named `<service account>-<node>`), like the one the kubelet mounts
+/// into the plugin's pod there: the token names the node.
+pub async fn node_bound_kubeconfig(
+    cluster: &RealCluster,
+    client: &kube::Client,
+    namespace: &str,
+    documents: &[Value],
+    node: &str,
+) -> PathBuf {
+    let service_account = service_account_name(documents);
+    let holder = holder_pod(client, namespace, &service_account, node).await;
+    let bound = request_token(client, namespace, &service_account, Some(&holder)).await;
+    token_kubeconfig(cluster, &bound, &format!("{service_account}-{node}"))
+}
+
 /// A client for the cluster and credentials of a kubeconfig file.
 pub async fn client_from(kubeconfig: &Path) -> kube::Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
@@ -214,6 +257,29 @@ pub async fn write_denied(
             }
         }
     }
+}
+
+/// Panics unless the chart's ValidatingAdmissionPolicy confines `as_plugin` (a client with a
+/// token bound to a pod on `node-1`) to node-1's slices of `driver`: writing a slice of
+/// node-2, or one of another driver on node-1, is denied ([`write_denied`]) with the policy's
+/// message.
+pub async fn assert_slice_writes_confined(
+    as_plugin: &kube::Client,
+    admin: &kube::Client,
+    driver: &str,
+) {
+    let denied = write_denied(as_plugin, admin, slice("other-node", "node-2", driver)).await;
+    assert!(
+        denied.contains("may only write ResourceSlices of its own node"),
+        "{denied}"
+    );
+    let denied = write_denied(
+        as_plugin,
+        admin,
+        slice("other-driver", "node-1", "x.example.com"),
+    )
+    .await;
+    assert!(denied.contains(&format!("of driver {driver}")), "{denied}");
 }
 
 /// Creates the ResourceClaimTemplate `name` asking for one device of `device_class`.

@@ -75,7 +75,7 @@ use std::time::Duration;
 
 pub use self::cluster::{RealCluster, RealClusterBuilder, ServedVersions};
 pub use self::cri::{CriCall, CriLog};
-pub use self::node::{KubeletNode, Registration};
+pub use self::node::{KubeletNode, Registration, node_ready};
 pub use self::pki::PkiError;
 pub use self::process::{
     ENV_SHARED_DEVICE_PLUGINS, ManagedProcess, mount_namespaces_available, pdeath_signal_supported,

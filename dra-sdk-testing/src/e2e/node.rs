@@ -244,6 +244,24 @@ featureGates:
         self.root.join("cdi")
     }
 
+    /// The command line a kubelet plugin on this node starts with: `--kubeconfig`,
+    /// `--node-name` and the node's registrar, plugins and CDI directories. The driver's own
+    /// flags go after it.
+    pub fn plugin_args(&self, kubeconfig: &Path) -> Vec<String> {
+        vec![
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--node-name".into(),
+            self.name().into(),
+            "--kubelet-registrar-directory-path".into(),
+            self.registrar_dir().display().to_string(),
+            "--kubelet-plugins-directory-path".into(),
+            self.plugins_dir().display().to_string(),
+            "--cdi-root".into(),
+            self.cdi_root().display().to_string(),
+        ]
+    }
+
     fn cri_socket(&self) -> PathBuf {
         self.root.join("cri.sock")
     }
@@ -416,7 +434,8 @@ featureGates:
     }
 }
 
-fn node_ready(node: &Node) -> bool {
+/// Whether a Node's `Ready` condition is `True`.
+pub fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|status| status.conditions.as_ref())

@@ -509,12 +509,7 @@ impl Run<'_, '_> {
             .get(&claim_name)
             .await
             .map_err(|error| Verdict::Fail(format!("get ResourceClaim {claim_name}: {error}")))?;
-        let results = claim
-            .status
-            .and_then(|status| status.allocation)
-            .and_then(|allocation| allocation.devices)
-            .and_then(|devices| devices.results)
-            .unwrap_or_default();
+        let results = crate::claims::allocation_results(&claim);
         if !results
             .iter()
             .any(|result| result.driver == self.suite.driver)

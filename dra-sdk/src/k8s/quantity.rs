@@ -238,6 +238,21 @@ impl QuantityValue {
         i64::try_from(self.nanos / NANOS).ok()
     }
 
+    /// The largest whole number not above the value (rounded toward negative infinity).
+    ///
+    /// ```
+    /// use dra_sdk::k8s::QuantityValue;
+    ///
+    /// assert_eq!(QuantityValue::parse("1.5Mi")?.floor(), 1_572_864);
+    /// assert_eq!(QuantityValue::parse("1500m")?.floor(), 1);
+    /// assert_eq!(QuantityValue::parse("-500m")?.floor(), -1);
+    /// assert_eq!(QuantityValue::parse("10Ei")?.floor(), 10 << 60);
+    /// # Ok::<(), dra_sdk::k8s::ParseError>(())
+    /// ```
+    pub fn floor(self) -> i128 {
+        self.nanos.div_euclid(NANOS)
+    }
+
     /// The value as a float, possibly losing precision.
     pub fn as_approximate_float(self) -> f64 {
         // i128 → f64 rounds to the nearest representable value, which is what "approximate" means.

@@ -17,13 +17,15 @@
 //! number of starts (default 5).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::cluster::TestCluster;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use dra_sdk_testing::deliverables::memory::{rss_by_mapping, rss_kib};
+use dra_sdk_testing::deliverables::memory::{
+    print_mappings, print_startup, rss_by_mapping, rss_kib,
+};
 
 /// The plugin at `binary` on the mock `profile`, pointed at `cluster` as an operator would
 /// run it on the cluster's node.
@@ -33,19 +35,8 @@ fn plugin_command(
     kubeconfig: &Path,
     profile: &str,
 ) -> Command {
-    let mut command = Command::new(binary);
-    command
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--node-name", NODE_NAME, "--mock-profile", profile])
-        .arg("--kubelet-registrar-directory-path")
-        .arg(cluster.registrar_dir())
-        .arg("--kubelet-plugins-directory-path")
-        .arg(cluster.plugins_dir())
-        .arg("--cdi-root")
-        .arg(cluster.cdi_root())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null());
+    let mut command = cluster.plugin_command(binary, kubeconfig);
+    command.args(["--mock-profile", profile]);
     command
 }
 
@@ -54,10 +45,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(default)
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
 }
 
 #[tokio::main]
@@ -84,11 +71,7 @@ async fn main() {
     let mut devices = 0;
     for _ in 0..starts {
         let cluster = TestCluster::start().await.expect("cluster");
-        let kubeconfig = cluster.path().join("kubeconfig");
-        cluster
-            .api()
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
+        let kubeconfig = cluster.write_kubeconfig().expect("kubeconfig");
         let started = Instant::now();
         let mut child = plugin_command(&binary, &cluster, &kubeconfig, &profile)
             .spawn()
@@ -126,29 +109,12 @@ async fn main() {
         let _ = child.wait();
     }
 
-    startups.sort();
-    rss.sort_by_key(|[total, ..]| *total);
-    println!(
-        "gpu-kubelet-plugin, {profile}: process start to first ResourceSlice: median {:?} (min {:?}, max {:?})",
-        startups[startups.len() / 2],
-        startups[0],
-        startups[startups.len() - 1]
+    print_startup(
+        &format!("gpu-kubelet-plugin, {profile}"),
+        &format!("{devices} devices published"),
+        "the executable, libc",
+        startups,
+        rss,
     );
-    let [total, anon, file] = rss[rss.len() / 2];
-    println!(
-        "gpu-kubelet-plugin, {profile}: idle resident memory with {devices} devices published: \
-         median {:.1} MiB (min {:.1}, max {:.1}); of the median, {:.1} MiB anonymous (heap, \
-         stacks), {:.1} MiB file-backed (the executable, libc)",
-        mib(total),
-        mib(rss[0][0]),
-        mib(rss[rss.len() - 1][0]),
-        mib(anon),
-        mib(file),
-    );
-    let top: Vec<String> = mappings
-        .iter()
-        .take(6)
-        .map(|(name, kib)| format!("{name} {:.1}", mib(*kib)))
-        .collect();
-    println!("resident MiB by mapping (last run): {}", top.join(", "));
+    print_mappings(&mappings);
 }

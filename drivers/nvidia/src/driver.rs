@@ -19,6 +19,10 @@
 //!    [`crate::sharing`]), adding the MPS edits; a failure undoes it with the rest;
 //! 6. return the edits, with [`ClaimState`] as the checkpoint's `driver_state`.
 //!
+//! From step 4 on, each step that changes the node registers its undo in the prepare's undo
+//! log (`driver/undo.rs`) as it succeeds; a failure rolls the log back newest first, down to
+//! the reservations.
+//!
 //! With `DynamicMIG`, step 4 also creates the GPU and compute instance of each MIG partition
 //! (and a failure destroys the ones created), and unprepare destroys them; a partition shared
 //! by several claims (consumable shares) is created by the first and destroyed with the last.
@@ -31,14 +35,17 @@
 //! reservations. It tolerates a missing state (a prepare that failed or was interrupted undid
 //! its own work) and a GPU already back on its driver, so it is idempotent.
 //!
-//! The reservations live in memory. A plugin restart rebuilds them from the checkpoint with
-//! [`NvidiaDriverBuilder::prepared_claims`].
+//! The reservations live in memory (`driver/reservations.rs`). A plugin restart rebuilds them
+//! in one place, the start-up reconcile ([`Driver::reconcile`], `driver/reconcile.rs`), from
+//! the claims the SDK's checkpoint records as completed; it runs before the plugin registers
+//! with the kubelet, so no prepare races it.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use dra_driver_nvidia::backend::mock::MockBackend;
 //! use dra_driver_nvidia::cdi::DriverRoot;
-//! use dra_driver_nvidia::driver::{FeatureGates, NvidiaDriver};
+//! use dra_driver_nvidia::config::FeatureGates;
+//! use dra_driver_nvidia::driver::NvidiaDriver;
 //! use dra_driver_nvidia::host::SystemHost;
 //!
 //! let driver = NvidiaDriver::builder(
@@ -53,9 +60,10 @@
 
 mod claim_sharing;
 mod dynamic_mig;
-mod gates;
 mod names;
 mod reconcile;
+mod reservations;
+mod undo;
 mod vfio;
 
 use std::collections::BTreeMap;
@@ -63,7 +71,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use dra_sdk::advanced::checkpoint::ClaimRecord;
 use dra_sdk::cdi::ContainerEdits;
 use dra_sdk::claim::{AllocatedDevice, Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::config::ConfigRegistry;
@@ -72,15 +79,18 @@ use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice, ReconcileError};
 use serde::{Deserialize, Serialize};
 
 pub use dynamic_mig::{KeptMigInstance, MigCleanup, MigInstance, OrphanMigInstance};
-pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
 pub use names::DeviceName;
 pub use reconcile::{ReconcileReport, UnownedBinding};
 pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
 
+use reservations::{PCI_KEY_PREFIX, Reservations, pci_key};
+use undo::UndoLog;
+
 use crate::backend::{GpuBackend, GpuInfo, MigDeviceInfo};
 use crate::cdi::{CdiEdits, DriverRoot};
 use crate::config::{
-    CandidateConfig, DeviceType, NvidiaConfig, VfioDeviceConfig, registry, select_config,
+    CandidateConfig, DeviceType, FeatureGate, FeatureGates, NvidiaConfig, VfioDeviceConfig,
+    registry, select_config,
 };
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
@@ -108,7 +118,6 @@ pub struct NvidiaDriverBuilder {
     driver_name: String,
     vfio_poll: Duration,
     vfio_timeout: Duration,
-    prepared: Vec<(String, ClaimRecord)>,
     health: Option<HealthPolicy>,
     mps: MpsSettings,
     mps_deployments: Option<MpsDeploymentConfig>,
@@ -184,16 +193,6 @@ impl NvidiaDriverBuilder {
         self
     }
 
-    /// Claims the checkpoint holds from before a restart (`Checkpoint::records`): their
-    /// devices stay reserved until they are unprepared.
-    pub fn prepared_claims(
-        mut self,
-        records: impl IntoIterator<Item = (String, ClaimRecord)>,
-    ) -> Self {
-        self.prepared.extend(records);
-        self
-    }
-
     /// Watches device health with this policy (gate `NVMLDeviceHealthCheck`, see
     /// [`crate::health`]): the driver then reports health and taints failed devices.
     /// Default: off.
@@ -211,25 +210,6 @@ impl NvidiaDriverBuilder {
         if let Some(hook) = self.hook {
             cdi = cdi.with_hook(hook);
         }
-        let mut reservations = Reservations::default();
-        for (uid, record) in &self.prepared {
-            match record.driver_state.as_ref().map(ClaimState::from_value) {
-                Some(Ok(state)) => {
-                    reservations.restore(uid, &record.namespace, &record.name, &state);
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(claim_uid = %uid, %error, "unreadable driver state in the checkpoint; its devices are not reserved")
-                }
-                None => {}
-            }
-        }
-        let mig_instances = dynamic_mig::MigInstances::default();
-        mig_instances.restore(
-            reservations
-                .states
-                .iter()
-                .map(|(uid, state)| (uid.as_str(), state)),
-        );
         NvidiaDriver {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -239,7 +219,7 @@ impl NvidiaDriverBuilder {
                 driver_name: self.driver_name,
                 vfio_poll: self.vfio_poll,
                 vfio_timeout: self.vfio_timeout,
-                reservations: Mutex::new(reservations),
+                reservations: Mutex::new(Reservations::default()),
                 health: self.health,
                 mps: self.mps,
                 mps_deployments: self.mps_deployments,
@@ -247,7 +227,7 @@ impl NvidiaDriverBuilder {
                 consumable: self.consumable,
                 context: Mutex::new(None),
                 mig: self.mig,
-                mig_instances,
+                mig_instances: dynamic_mig::MigInstances::default(),
             }),
         }
     }
@@ -298,7 +278,6 @@ impl NvidiaDriver {
             driver_name: DRIVER_NAME.to_owned(),
             vfio_poll: DEFAULT_VFIO_IDLE_POLL,
             vfio_timeout: DEFAULT_VFIO_IDLE_TIMEOUT,
-            prepared: Vec::new(),
             health: None,
             mps: MpsSettings::default(),
             mps_deployments: None,
@@ -437,282 +416,6 @@ impl PreparedKind {
             PreparedKind::Vfio(binding) => Some(&binding.bus_id),
             PreparedKind::Mig { .. } | PreparedKind::MigDynamic(_) => None,
         }
-    }
-}
-
-/// Prefix of the reservation key of a whole PCI function, shared by a GPU and its VFIO twin.
-const PCI_KEY_PREFIX: &str = "pci/";
-
-#[derive(Clone, Debug)]
-struct Owner {
-    uid: String,
-    namespace: String,
-    name: String,
-}
-
-/// Device name (and PCI function of full GPUs and VFIO devices) → the claim holding it.
-#[derive(Debug, Default)]
-struct Reservations {
-    by_key: BTreeMap<String, Owner>,
-    /// Devices prepared as consumable shares: the config and the claims holding them.
-    shared: BTreeMap<String, SharedHolders>,
-    /// The state of each claim this process prepared (or found in the checkpoint), by UID.
-    /// Unprepare falls back to it when the checkpoint has none: the SDK drops the driver
-    /// state when writing the CDI spec or the checkpoint fails after a successful prepare.
-    states: BTreeMap<String, ClaimState>,
-}
-
-/// The claims sharing one device, and the config they all have.
-#[derive(Debug)]
-struct SharedHolders {
-    config: serde_json::Value,
-    owners: BTreeMap<String, Owner>,
-}
-
-fn pci_key(bus_id: &str) -> String {
-    format!("{PCI_KEY_PREFIX}{bus_id}")
-}
-
-fn reservation_keys(device: &str, kind: &PreparedKind) -> Vec<String> {
-    let mut keys = vec![device.to_owned()];
-    if let Some(bus_id) = kind.pci_bus_id() {
-        keys.push(pci_key(bus_id));
-    }
-    keys
-}
-
-impl Reservations {
-    fn restore(&mut self, uid: &str, namespace: &str, name: &str, state: &ClaimState) {
-        self.states.insert(uid.to_owned(), state.clone());
-        for share in &state.shares {
-            let holders =
-                self.shared
-                    .entry(share.device.clone())
-                    .or_insert_with(|| SharedHolders {
-                        config: share.config.clone(),
-                        owners: BTreeMap::new(),
-                    });
-            holders.owners.insert(
-                uid.to_owned(),
-                Owner {
-                    uid: uid.to_owned(),
-                    namespace: namespace.to_owned(),
-                    name: name.to_owned(),
-                },
-            );
-        }
-        let shared = |device: &str| state.shares.iter().any(|share| share.device == device);
-        for device in state
-            .devices
-            .iter()
-            .filter(|d| !d.admin_access && !shared(&d.device))
-        {
-            for key in reservation_keys(&device.device, &device.kind) {
-                self.by_key.insert(
-                    key,
-                    Owner {
-                        uid: uid.to_owned(),
-                        namespace: namespace.to_owned(),
-                        name: name.to_owned(),
-                    },
-                );
-            }
-        }
-    }
-
-    /// Reserves all keys of a claim, or none.
-    fn reserve(
-        &mut self,
-        claim: &ClaimRef,
-        devices: &[(String, bool, PreparedKind)],
-    ) -> Result<(), DriverError> {
-        for (device, admin, kind) in devices {
-            if *admin {
-                // Admin access shares the device, with one exception: a VFIO device whose
-                // GPU another claim holds as a full GPU, which binding would take away.
-                if let (PreparedKind::Vfio(binding), false) =
-                    (kind, self.by_key.contains_key(device))
-                    && let Some(owner) = self.by_key.get(&pci_key(&binding.bus_id))
-                    && owner.uid != claim.uid
-                {
-                    return Err(DriverError::Device {
-                        device: device.clone(),
-                        reason: format!(
-                            "its GPU {} is prepared as a full GPU for claim {}/{} ({}); admin \
-                             access cannot pass it through",
-                            binding.bus_id, owner.namespace, owner.name, owner.uid
-                        ),
-                    });
-                }
-                continue;
-            }
-            if let Some(holders) = self.shared.get(device)
-                && let Some(owner) = holders.owners.values().find(|o| o.uid != claim.uid)
-            {
-                return Err(DriverError::Device {
-                    device: device.clone(),
-                    reason: format!(
-                        "it is prepared as a consumable share for claim {}/{} ({}); it cannot \
-                         be prepared exclusively",
-                        owner.namespace, owner.name, owner.uid
-                    ),
-                });
-            }
-            if let Some(conflict) = self.whole_or_split(claim, kind) {
-                return Err(DriverError::Device {
-                    device: device.clone(),
-                    reason: conflict,
-                });
-            }
-            for key in reservation_keys(device, kind) {
-                if let Some(owner) = self.by_key.get(&key)
-                    && owner.uid != claim.uid
-                {
-                    let what = if key == *device {
-                        "it".to_owned()
-                    } else {
-                        format!("its PCI function {}", &key[PCI_KEY_PREFIX.len()..])
-                    };
-                    return Err(DriverError::Device {
-                        device: device.clone(),
-                        reason: format!(
-                            "{what} is already prepared for claim {}/{} ({}); a device is \
-                             prepared for one claim at a time unless allocated with admin access",
-                            owner.namespace, owner.name, owner.uid
-                        ),
-                    });
-                }
-            }
-        }
-        let owner = Owner {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-        };
-        for (device, admin, kind) in devices {
-            if !*admin {
-                for key in reservation_keys(device, kind) {
-                    self.by_key.insert(key, owner.clone());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A claim other than `claim` holding `device`, alone or as a consumable share.
-    fn other_holder(&self, claim: &ClaimRef, device: &str) -> Option<&Owner> {
-        let other = |owner: &&Owner| owner.uid != claim.uid;
-        self.by_key.get(device).filter(other).or_else(|| {
-            self.shared
-                .get(device)
-                .and_then(|holders| holders.owners.values().find(other))
-        })
-    }
-
-    /// Dynamic MIG: a GPU is used whole or split, never both, whether alone or in shares.
-    /// Counters keep the scheduler from allocating both; this holds where a scheduler
-    /// miscounted them or an API server dropped them.
-    fn whole_or_split(&self, claim: &ClaimRef, kind: &PreparedKind) -> Option<String> {
-        match kind {
-            PreparedKind::MigDynamic(instance) => {
-                let whole = format!("gpu-{}", instance.parent_minor);
-                let owner = self.other_holder(claim, &whole)?;
-                Some(format!(
-                    "its GPU {whole} is prepared whole for claim {}/{} ({})",
-                    owner.namespace, owner.name, owner.uid
-                ))
-            }
-            PreparedKind::Gpu { minor, .. } => {
-                let prefix = format!("gpu-{minor}-mig-");
-                let (partition, owner) = self
-                    .by_key
-                    .keys()
-                    .chain(self.shared.keys())
-                    .filter(|key| key.starts_with(&prefix))
-                    .find_map(|key| Some((key, self.other_holder(claim, key)?)))?;
-                Some(format!(
-                    "the GPU's MIG partition {partition} is prepared for claim {}/{} ({})",
-                    owner.namespace, owner.name, owner.uid
-                ))
-            }
-            _ => None,
-        }
-    }
-
-    fn release(&mut self, uid: &str) {
-        self.by_key.retain(|_, owner| owner.uid != uid);
-        self.shared.retain(|_, holders| {
-            holders.owners.remove(uid);
-            !holders.owners.is_empty()
-        });
-    }
-
-    /// Reserves the consumable shares of a claim, or none: a device shared already must have
-    /// been prepared with the same config, and a device held exclusively is refused, as is a
-    /// partition of a GPU held whole and the other way round.
-    fn reserve_shares(
-        &mut self,
-        claim: &ClaimRef,
-        shares: &[(SharedAllocation, PreparedKind)],
-    ) -> Result<(), DriverError> {
-        for (share, kind) in shares {
-            if let Some(conflict) = self.whole_or_split(claim, kind) {
-                return Err(DriverError::Device {
-                    device: share.device.clone(),
-                    reason: conflict,
-                });
-            }
-            if let Some(owner) = self.by_key.get(&share.device)
-                && owner.uid != claim.uid
-            {
-                return Err(DriverError::Device {
-                    device: share.device.clone(),
-                    reason: format!(
-                        "it is prepared for claim {}/{} ({}) without sharing; a share of it \
-                         cannot be prepared",
-                        owner.namespace, owner.name, owner.uid
-                    ),
-                });
-            }
-            if let Some(holders) = self.shared.get(&share.device)
-                && let Some(owner) = holders.owners.values().find(|o| o.uid != claim.uid)
-                && holders.config != share.config
-            {
-                return Err(DriverError::InvalidConfig(format!(
-                    "conflicting configuration: device {} is shared with claim {}/{} ({}), which \
-                     was prepared with {}; claims sharing a device must have identical \
-                     configs; this one has {}",
-                    share.device,
-                    owner.namespace,
-                    owner.name,
-                    owner.uid,
-                    holders.config,
-                    share.config
-                )));
-            }
-        }
-        let owner = Owner {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-        };
-        for (share, _) in shares {
-            self.shared
-                .entry(share.device.clone())
-                .or_insert_with(|| SharedHolders {
-                    config: share.config.clone(),
-                    owners: BTreeMap::new(),
-                })
-                .owners
-                .insert(claim.uid.clone(), owner.clone());
-        }
-        Ok(())
-    }
-
-    /// Releases a claim's devices and forgets its state.
-    fn forget(&mut self, uid: &str) {
-        self.release(uid);
-        self.states.remove(uid);
     }
 }
 
@@ -948,57 +651,27 @@ fn prepare_blocking(
         }
     }
 
-    let mut bound: Vec<VfioBinding> = Vec::new();
-    let mut partitions: Vec<(String, MigInstance)> = Vec::new();
-    let result = prepare_devices(
-        inner,
-        claim,
-        &planned,
-        earlier.as_ref(),
-        &mut bound,
-        &mut partitions,
-    )
-    .and_then(|mut prepared| {
+    // From here on every step that changes the node registers its undo; a failure rolls the
+    // log back, newest first, down to the reservations (see `driver/undo.rs`).
+    let mut log = UndoLog::reserved(inner, claim, earlier.as_ref());
+    let result = prepare_devices(inner, claim, &planned, &mut log).and_then(|mut prepared| {
+        // Sharing undoes its own steps when it fails.
         prepared.state.sharing = claim_sharing::apply(inner, claim, &planned, &mut prepared.edits)?;
         prepared.state.shares = shares.into_iter().map(|(share, _)| share).collect();
         Ok(prepared)
     });
-    match result {
-        Ok(prepared) => {
-            // Reserve with the final identities (the VFIO bindings are known now).
-            let mut reservations = inner.reservations();
-            reservations.release(&claim.uid);
-            reservations.restore(&claim.uid, &claim.namespace, &claim.name, &prepared.state);
-            Ok(prepared)
-        }
+    let prepared = match result {
+        Ok(prepared) => prepared,
         Err(error) => {
-            // An earlier successful attempt of this claim keeps holding its partitions; a
-            // partition another claim shares is kept for it.
-            let kept = |instance: &MigInstance| {
-                earlier.iter().flat_map(|state| &state.devices).any(
-                    |device| matches!(&device.kind, PreparedKind::MigDynamic(old) if old == instance),
-                )
-            };
-            for (device, instance) in partitions.iter().rev().filter(|(_, i)| !kept(i)) {
-                if let Err(undo) = dynamic_mig::release(inner, &claim.uid, device, instance) {
-                    tracing::error!(gpu = %instance.parent_uuid, gpu_instance_id = instance.gpu_instance_id, error = %undo, "rolling back a MIG partition failed");
-                }
-            }
-            let binder = inner.binder();
-            for binding in bound.iter().rev() {
-                if let Err(restore) = binder.restore(binding) {
-                    tracing::error!(bus_id = %binding.bus_id, error = %restore, "rolling back a VFIO binding failed");
-                }
-            }
-            let mut reservations = inner.reservations();
-            reservations.release(&claim.uid);
-            // An earlier attempt of this claim that succeeded keeps what it holds.
-            if let Some(earlier) = &earlier {
-                reservations.restore(&claim.uid, &claim.namespace, &claim.name, earlier);
-            }
-            Err(error)
+            log.rollback();
+            return Err(error);
         }
-    }
+    };
+    // Reserve with the final identities (the VFIO bindings are known now).
+    let mut reservations = inner.reservations();
+    reservations.release(&claim.uid);
+    reservations.restore(&claim.uid, &claim.namespace, &claim.name, &prepared.state);
+    Ok(prepared)
 }
 
 /// The consumable shares of a claim, with their normalised configs and the devices'
@@ -1020,16 +693,15 @@ fn shared_allocations(
         .collect()
 }
 
-/// Prepares each device. What it binds and the partitions it gives the claim are pushed to
-/// `bound` and `partitions` as it goes, for the caller to undo on failure.
+/// Prepares each device. What it binds and the partitions it gives the claim go to `log` as
+/// it goes, for the caller to undo on failure.
 fn prepare_devices(
     inner: &Inner,
     claim: &ClaimRef,
     planned: &[Planned],
-    earlier: Option<&ClaimState>,
-    bound: &mut Vec<VfioBinding>,
-    partitions: &mut Vec<(String, MigInstance)>,
+    log: &mut UndoLog<'_>,
 ) -> Result<Prepared, DriverError> {
+    let earlier = log.earlier();
     let cdi = &inner.cdi;
     let mut edits = Vec::with_capacity(planned.len());
     let mut state = ClaimState::default();
@@ -1055,7 +727,7 @@ fn prepare_devices(
                 needs_driver = true;
                 let (device_edits, instance) =
                     dynamic_mig::create(inner, &claim.uid, &plan.device, partition)?;
-                partitions.push((plan.device.clone(), instance.clone()));
+                log.partition(&plan.device, &instance);
                 (device_edits, PreparedKind::MigDynamic(instance))
             }
             Target::Vfio { bus_id, minor } => {
@@ -1069,7 +741,7 @@ fn prepare_devices(
                     .binder()
                     .bind(bus_id, *minor)
                     .map_err(|error| device_error(&plan.device, error))?;
-                bound.push(binding.clone());
+                log.binding(&binding);
                 // A retry finds the GPU on VFIO already; what to restore is what the earlier
                 // attempt found.
                 let binding = earlier
@@ -1321,8 +993,9 @@ impl Driver for NvidiaDriver {
             .map_err(join_error)?
     }
 
-    /// Rebuilds the reservations from the claims the checkpoint records as completed (the
-    /// builder's `prepared_claims` are replaced: a claim the SDK rolled back is released),
+    /// Rebuilds the reservations from the claims the checkpoint records as completed, the one
+    /// place they are restored after a restart (claims reserved before that are not completed
+    /// any more are released),
     /// gives back GPUs a released claim had bound to VFIO, and reports VFIO bindings no
     /// completed claim owns without touching them (see [`NvidiaDriver::reconcile_claims`]).
     /// Unreadable driver states and failed restores are a recoverable error: the plugin

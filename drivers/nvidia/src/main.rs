@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use dra_driver_nvidia::backend::mock::to_profile_yaml;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, cdi_kind, prepared_claims};
+use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, cdi_kind};
 use dra_sdk::plugin::KubeletPlugin;
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -40,15 +40,13 @@ fn main() -> Result<()> {
 
 async fn run(cli: Cli) -> Result<()> {
     // Discovery reads sysfs and NVML: blocking work, done before the runtime serves anything.
-    // Devices prepared before a restart stay reserved until unprepared.
-    let prepared = prepared_claims(&cli.plugin).context("reading the checkpoint")?;
+    // Devices prepared before a restart are reserved again by the driver's start-up
+    // reconcile, which the SDK runs with the checkpoint's completed claims before registering.
     let nvidia = cli.nvidia.clone();
-    let plugin = tokio::task::spawn_blocking(move || {
-        NvidiaPlugin::from_args_with_prepared(&nvidia, prepared)
-    })
-    .await
-    .context("discovery task")?
-    .context("setting up the NVIDIA driver")?;
+    let plugin = tokio::task::spawn_blocking(move || NvidiaPlugin::from_args(&nvidia))
+        .await
+        .context("discovery task")?
+        .context("setting up the NVIDIA driver")?;
     let node_name = cli.plugin.node_name.clone();
     let resources = plugin.resources(&node_name);
     tracing::info!(

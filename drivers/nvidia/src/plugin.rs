@@ -18,12 +18,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use dra_sdk::advanced::checkpoint::{Checkpoint, CheckpointError, ClaimRecord, current_boot_id};
 use dra_sdk::cdi::{CdiError, Kind};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::slices::DriverResources;
@@ -31,8 +29,9 @@ use dra_sdk::slices::DriverResources;
 use crate::backend::mock::{MockBackend, ProfileError};
 use crate::backend::{BackendError, GpuBackend};
 use crate::cdi::DriverRoot;
-use crate::devices::{DRIVER_NAME, Discovery, DiscoveryError, DiscoveryOptions};
-use crate::driver::{FeatureGate, FeatureGates, NvidiaDriver};
+use crate::config::{FeatureGate, FeatureGates};
+use crate::devices::{Discovery, DiscoveryError, DiscoveryOptions};
+use crate::driver::NvidiaDriver;
 use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
 use crate::mig::MigManager;
@@ -254,9 +253,6 @@ pub enum SetupError {
     /// Discovery failed.
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
-    /// The checkpoint could not be read.
-    #[error("reading the checkpoint: {0}")]
-    Checkpoint(#[from] CheckpointError),
 }
 
 /// Everything the plugin runs on, assembled from its flags: the backend, the host, the
@@ -283,17 +279,8 @@ pub struct NvidiaPlugin {
 impl NvidiaPlugin {
     /// Validates the flags, opens the backend, lays out or opens the host, builds the driver
     /// and discovers the devices.
+    #[tracing::instrument(skip_all, fields(mock_profile = args.mock_profile.as_deref()))]
     pub fn from_args(args: &NvidiaArgs) -> Result<Self, SetupError> {
-        Self::from_args_with_prepared(args, BTreeMap::new())
-    }
-
-    /// [`from_args`](Self::from_args), with the claims the checkpoint holds from before a
-    /// restart ([`prepared_claims`]): their devices stay reserved until unprepared.
-    #[tracing::instrument(skip_all, fields(mock_profile = args.mock_profile.as_deref(), prepared = prepared.len()))]
-    pub fn from_args_with_prepared(
-        args: &NvidiaArgs,
-        prepared: BTreeMap<String, ClaimRecord>,
-    ) -> Result<Self, SetupError> {
         let gates = args.feature_gates.clone();
         if let Some(gate) = UNIMPLEMENTED_GATES
             .into_iter()
@@ -401,8 +388,7 @@ impl NvidiaPlugin {
                 root: args.mps_root.clone(),
                 ..MpsSettings::default()
             })
-            .mig_manager(Arc::clone(&mig))
-            .prepared_claims(prepared);
+            .mig_manager(Arc::clone(&mig));
         if let Some(hook) = &args.nvidia_cdi_hook_path {
             builder = builder.cdi_hook(hook);
         }
@@ -487,18 +473,6 @@ pub fn backend(args: &NvidiaArgs) -> Result<Arc<dyn GpuBackend>, SetupError> {
         Some(profile) => Ok(Arc::new(MockBackend::from_profile(profile)?)),
         None => nvml_backend(&args.container_driver_root).map(|(backend, _)| backend),
     }
-}
-
-/// The claims the plugin's checkpoint (`<kubelet plugins dir>/gpu.nvidia.com/checkpoint.json`)
-/// records from before a restart, for [`NvidiaPlugin::from_args_with_prepared`]. A checkpoint
-/// of an earlier boot holds none (the SDK discards it).
-pub fn prepared_claims(args: &PluginArgs) -> Result<BTreeMap<String, ClaimRecord>, SetupError> {
-    let boot_id = current_boot_id()?;
-    let (checkpoint, _) = Checkpoint::open(
-        &args.kubelet_plugins_directory_path.join(DRIVER_NAME),
-        boot_id,
-    )?;
-    Ok(checkpoint.records()?)
 }
 
 /// Marks a directory as a mock host tree this plugin may replace.
@@ -644,20 +618,6 @@ mod tests {
         assert_eq!(plugin.resources("node-1").device_count(), 16);
         // A second start replaces its own earlier layout.
         NvidiaPlugin::from_args(&cli.nvidia).unwrap();
-    }
-
-    #[test]
-    fn an_empty_plugins_dir_has_no_prepared_claims() {
-        let dir = tempfile::tempdir().unwrap();
-        let cli = parse(&[
-            "--kubelet-plugins-directory-path",
-            dir.path().to_str().unwrap(),
-        ])
-        .unwrap();
-        // Needs /proc/sys/kernel/random/boot_id, which every Linux has.
-        assert!(prepared_claims(&cli.plugin).unwrap().is_empty());
-        // Opening it creates the plugin's directory, as the SDK does at start.
-        assert!(dir.path().join(DRIVER_NAME).is_dir());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! chart deploys (`drivers/nvidia/Dockerfile`), without a container engine: its build command
 //! and the path its final stage copies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use clap::{CommandFactory as _, Parser as _};
@@ -18,7 +18,10 @@ use dra_driver_nvidia::plugin::Cli;
 // The image the chart deploys is checked here too: one test binary less to link.
 use dra_sdk_testing::deliverables::{chart as shared, dockerfile};
 use serde_json::Value;
-use shared::{OpenApi, describe, helm_or_skip, leaves, render_chart, validate_all, yaml};
+use shared::{
+    OpenApi, assert_plugin_rules, describe, env_map, find_kind as find, helm_or_skip, render_chart,
+    validate_all,
+};
 
 const NAMESPACE: &str = "nvidia-dra-driver-gpu";
 const RELEASE: &str = "nvidia-dra";
@@ -55,24 +58,8 @@ fn rendered(helm: &Path, file: &str) -> Vec<Value> {
         .unwrap_or_else(|error| panic!("{file}: helm template failed:\n{error}"))
 }
 
-fn find<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
-    documents
-        .iter()
-        .find(|d| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} rendered"))
-}
-
 fn container(documents: &[Value]) -> &Value {
     &find(documents, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-}
-
-fn env_map(container: &Value) -> BTreeMap<String, Value> {
-    container["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| (v["name"].as_str().unwrap_or_default().to_owned(), v.clone()))
-        .collect()
 }
 
 #[test]
@@ -208,29 +195,7 @@ fn the_defaults_render_what_the_readme_lists() {
     );
 
     // Least privilege: the verbs the SDK's plugin uses, no patch, no deletecollection.
-    let rules: Vec<(String, Vec<String>)> = find(&documents, "ClusterRole")["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rule| {
-            (
-                rule["resources"][0].as_str().unwrap().to_owned(),
-                serde_json::from_value(rule["verbs"].clone()).unwrap(),
-            )
-        })
-        .collect();
-    let owned = |r: &str, v: &[&str]| (r.to_owned(), v.iter().map(|s| (*s).to_owned()).collect());
-    assert_eq!(
-        rules,
-        vec![
-            owned("resourceclaims", &["get"]),
-            owned(
-                "resourceslices",
-                &["list", "watch", "create", "update", "delete"]
-            ),
-            owned("nodes", &["get"]),
-        ]
-    );
+    assert_plugin_rules(find(&documents, "ClusterRole"));
     let policy = find(&documents, "ValidatingAdmissionPolicy");
     let text = policy.to_string();
     assert!(
@@ -479,36 +444,8 @@ fn health_values_become_the_health_flags_and_a_reset_mount() {
 
 #[test]
 fn all_options_sets_every_value_and_the_readme_documents_each() {
-    let defaults = yaml(&chart_dir().join("values.yaml"));
-    let all = yaml(&chart_dir().join("ci/all-options-values.yaml"));
-    let readme = std::fs::read_to_string(chart_dir().join("README.md")).unwrap();
-    let mut default_leaves = BTreeSet::new();
-    leaves(&defaults, "", &mut default_leaves);
-    let mut set = BTreeSet::new();
-    leaves(&all, "", &mut set);
-    for leaf in &default_leaves {
-        // A map value (updateStrategy, probes, affinity) is documented as a whole.
-        let documented = leaf
-            .match_indices('.')
-            .map(|(at, _)| &leaf[..at])
-            .chain([leaf.as_str()])
-            .any(|prefix| readme.contains(&format!("| `{prefix}` |")));
-        assert!(
-            documented,
-            "values.yaml's {leaf} is not in the README's table"
-        );
-        let covered = set
-            .iter()
-            .any(|s| s == leaf || s.starts_with(&format!("{leaf}.")))
-            || leaf
-                .match_indices('.')
-                .any(|(at, _)| set.contains(&leaf[..at]));
-        assert!(covered, "ci/all-options-values.yaml does not set {leaf}");
-    }
-    let schema: Value =
-        serde_json::from_slice(&std::fs::read(chart_dir().join("values.schema.json")).unwrap())
-            .unwrap();
-    assert_eq!(schema["additionalProperties"], false);
+    // A map value (updateStrategy, probes, affinity) is documented as a whole.
+    shared::assert_all_options_documented(&chart_dir());
 }
 
 #[test]

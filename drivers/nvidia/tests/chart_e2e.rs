@@ -16,14 +16,14 @@ use std::path::{Path, PathBuf};
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, GPU_DEVICE_CLASS};
 use dra_sdk_testing::deliverables::{chart as shared, chart_cluster as shared_e2e};
-use dra_sdk_testing::e2e::{ManagedProcess, RealCluster, binaries_or_skip, workload};
+use dra_sdk_testing::e2e::{ManagedProcess, RealCluster, workload};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
-use shared::{helm_or_skip, render_chart};
+use shared::render_chart;
 use shared_e2e::{
-    TIMEOUT, apply_strictly, client_from, create_claim_template, holder_pod, request_token,
-    run_pod, slice, token_kubeconfig, wait_for_slices, write_denied,
+    TIMEOUT, apply_strictly, assert_slice_writes_confined, client_from, create_claim_template,
+    node_bound_kubeconfig, run_pod, slice, start_chart_cluster, wait_for_slices,
 };
 
 const RELEASE: &str = "nvidia-dra";
@@ -56,16 +56,9 @@ fn render(helm: &Path, namespace: &str, values: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
-    let Some(helm) = helm_or_skip() else { return };
-    let Some(binaries) = binaries_or_skip() else {
+    let Some((helm, cluster, admin)) = start_chart_cluster().await else {
         return;
     };
-    let cluster = RealCluster::builder(binaries)
-        .nodes(["node-1", "node-2"])
-        .start()
-        .await
-        .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
-    let admin = cluster.client().await.unwrap();
     let namespace = cluster.create_namespace("nvidia-chart").await.unwrap();
 
     // An upstream-guide-style install applies strictly; the mock install then replaces it
@@ -84,18 +77,10 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     .await;
     let documents = render(&helm, &namespace, "mock-values.yaml");
     apply_strictly(&admin, &documents).await;
-    let service_account = documents
-        .iter()
-        .find(|d| d["kind"] == "ServiceAccount")
-        .and_then(|d| d["metadata"]["name"].as_str())
-        .unwrap()
-        .to_owned();
-
     // A token for the ServiceAccount bound to a pod on node-1, like the one the kubelet mounts
     // into the plugin's pod: it names the node.
-    let holder = holder_pod(&admin, &namespace, &service_account, "node-1").await;
-    let bound = request_token(&admin, &namespace, &service_account, Some(&holder)).await;
-    let kubeconfig = token_kubeconfig(&cluster, &bound, "gpu-plugin-node-1");
+    let kubeconfig =
+        node_bound_kubeconfig(&cluster, &admin, &namespace, &documents, "node-1").await;
     let node = cluster.node("node-1").unwrap();
 
     // A slice of node-1's pool left by an earlier install: the plugin replaces the pool, so it
@@ -155,23 +140,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
 
     // The policy: the same token may not write node-2's slices or another driver's.
     let as_plugin = client_from(&kubeconfig).await;
-    let denied = write_denied(
-        &as_plugin,
-        &admin,
-        slice("other-node", "node-2", DRIVER_NAME),
-    )
-    .await;
-    assert!(
-        denied.contains("may only write ResourceSlices of its own node"),
-        "{denied}"
-    );
-    let denied = write_denied(
-        &as_plugin,
-        &admin,
-        slice("other-driver", "node-1", "x.example.com"),
-    )
-    .await;
-    assert!(denied.contains("of driver gpu.nvidia.com"), "{denied}");
+    assert_slice_writes_confined(&as_plugin, &admin, DRIVER_NAME).await;
 
     workload::delete_pods(&admin, &namespace, &["uses-a-gpu"], TIMEOUT)
         .await
@@ -182,12 +151,8 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
 /// `gpu-kubelet-plugin --mock-profile <profile>` for node-1, with the kubelet directories of
 /// the e2e node and its mock host files in the cluster's folder.
 fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path, profile: &str) -> ManagedProcess {
-    let node = cluster.node("node-1").unwrap();
-    let args: Vec<String> = vec![
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--node-name".into(),
-        node.name().into(),
+    let mut args = cluster.node("node-1").unwrap().plugin_args(kubeconfig);
+    args.extend([
         "--mock-profile".into(),
         profile.into(),
         "--mock-host-root".into(),
@@ -196,13 +161,7 @@ fn spawn_plugin(cluster: &RealCluster, kubeconfig: &Path, profile: &str) -> Mana
             .join(format!("mock-host-{profile}"))
             .display()
             .to_string(),
-        "--kubelet-registrar-directory-path".into(),
-        node.registrar_dir().display().to_string(),
-        "--kubelet-plugins-directory-path".into(),
-        node.plugins_dir().display().to_string(),
-        "--cdi-root".into(),
-        node.cdi_root().display().to_string(),
-    ];
+    ]);
     cluster
         .spawn_program(
             &format!("gpu-plugin-{profile}"),

@@ -2,7 +2,6 @@
 //! messages users see in their claim's events.
 
 use dra_driver_nvidia::config::*;
-use dra_driver_nvidia::driver::{FeatureGate, FeatureGates};
 use serde_json::{Value, json};
 
 fn decode(parameters: Value) -> Result<NvidiaConfig, String> {

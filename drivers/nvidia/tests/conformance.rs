@@ -7,13 +7,13 @@
 use std::sync::Arc;
 
 use dra_driver_nvidia::cdi::DriverRoot;
+use dra_driver_nvidia::config::FeatureGate;
 use dra_driver_nvidia::devices::DRIVER_NAME;
-use dra_driver_nvidia::driver::{FeatureGate, NvidiaDriver};
+use dra_driver_nvidia::driver::NvidiaDriver;
 use dra_driver_nvidia::health::HealthPolicy;
 use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_driver_nvidia::sharing::ConsumableShares;
-use dra_sdk::advanced::checkpoint::Checkpoint;
-use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME};
+use dra_sdk_testing::cluster::NODE_NAME;
 use dra_sdk_testing::conformance::{Conformance, Outcome};
 
 mod fixture;
@@ -37,15 +37,13 @@ async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
     let mig = Arc::clone(&nvidia.mig_manager);
     let serialize = nvidia.driver.serializes_operations();
     let report = Conformance::in_process_with(move |cluster| {
-        // What the binary does at each start: reserve what the checkpoint holds.
-        let (checkpoint, _) =
-            Checkpoint::open(&cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
+        // As the binary at each start: the plugin's start-up reconcile reserves what the
+        // checkpoint records as completed.
         let driver = NvidiaDriver::builder(Arc::clone(&backend), Arc::clone(&host))
             .driver_root(DriverRoot::new(Arc::clone(&host), "/"))
             .feature_gates(gates.clone())
             .consumable_shares(consumable)
-            .mig_manager(Arc::clone(&mig))
-            .prepared_claims(checkpoint.records().unwrap());
+            .mig_manager(Arc::clone(&mig));
         // As the binary: the health monitor with the gate.
         let driver = if gates.is_enabled(FeatureGate::NvmlDeviceHealthCheck) {
             driver.health(HealthPolicy::default())
@@ -53,7 +51,6 @@ async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
             driver
         }
         .build();
-        drop(checkpoint);
         cluster
             .plugin(driver, DRIVER_NAME)
             .serialize_operations(serialize)

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
+use dra_sdk_testing::claims::allocation_results;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use dra_sdk_testing::e2e::{KubeletNode, ManagedProcess, RealCluster, binaries_or_skip};
@@ -637,12 +638,7 @@ async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
                 .any(|owner| owner.kind == "Pod" && owner.name == pod)
         })
         .unwrap_or_else(|| panic!("no claim owned by pod {pod}"));
-    let results = claim
-        .status
-        .and_then(|status| status.allocation)
-        .and_then(|allocation| allocation.devices)
-        .and_then(|devices| devices.results)
-        .unwrap_or_default();
+    let results = allocation_results(&claim);
     assert_eq!(results.len(), 1, "{pod}: {results:?}");
     assert_eq!(results[0].driver, DRIVER_NAME);
     Allocation {

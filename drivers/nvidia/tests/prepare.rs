@@ -811,14 +811,18 @@ async fn reservations_survive_a_restart_through_the_checkpoint() {
     } = r;
     plugin.shutdown().await.unwrap();
 
-    let (checkpoint, _) = dra_sdk::advanced::checkpoint::Checkpoint::open(
-        &cluster.plugins_dir().join(DRIVER_NAME),
-        dra_sdk_testing::cluster::BOOT_ID,
-    )
-    .unwrap();
-    let records = checkpoint.records().unwrap();
-    assert!(records.contains_key(&claim.uid), "{records:?}");
-    let restarted = f.builder("").prepared_claims(records).build();
+    // A restart: the start-up reconcile reserves what the checkpoint records as completed.
+    let completed = completed_claims(&cluster);
+    assert!(
+        completed
+            .iter()
+            .any(|recorded| recorded.claim.uid == claim.uid),
+        "{completed:?}"
+    );
+    let restarted = f.builder("").build();
+    dra_sdk::driver::Driver::reconcile(&restarted, &completed)
+        .await
+        .unwrap();
     assert_eq!(restarted.prepared_devices().get("gpu-6"), Some(&claim.uid));
 }
 

@@ -49,7 +49,7 @@ fn reconcile_keeps_completed_claims_restores_only_its_own_bindings_and_reports_t
     let kept = ClaimRef::new("default", "vm", "uid-kept");
     let stale = ClaimRef::new("default", "crashed", "uid-stale");
     let driver = f.driver("PassthroughSupport=true");
-    // As the plugin starts: the checkpoint held both claims (the builder's prepared_claims).
+    // As the plugin starts: the checkpoint held both claims.
     let first = driver.reconcile_claims([
         (kept.clone(), vfio_state("gpu-vfio-0", kept_binding.clone())),
         (stale.clone(), vfio_state("gpu-vfio-1", stale_binding)),

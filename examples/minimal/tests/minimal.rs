@@ -3,10 +3,9 @@
 //! and the quickstart guide shows that file exactly.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
 
-use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
+use dra_sdk_testing::cluster::{NewClaim, TestCluster, wait_for};
 use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde_json::json;
@@ -27,34 +26,19 @@ impl Drop for Plugin {
     }
 }
 
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 // Multi-threaded: the fake API server must keep answering while the test waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_publishes_registers_and_prepares_a_claim() {
     let cluster = TestCluster::start().await.unwrap();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     cluster.create_device_class(DRIVER, DRIVER).await.unwrap();
     let _plugin = Plugin(
-        Command::new(env!("CARGO_BIN_EXE_minimal-kubelet-plugin"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(["--node-name", NODE_NAME, "--num-devices", "3"])
-            .arg("--kubelet-registrar-directory-path")
-            .arg(cluster.registrar_dir())
-            .arg("--kubelet-plugins-directory-path")
-            .arg(cluster.plugins_dir())
-            .arg("--cdi-root")
-            .arg(cluster.cdi_root())
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+        cluster
+            .plugin_command(
+                Path::new(env!("CARGO_BIN_EXE_minimal-kubelet-plugin")),
+                &kubeconfig,
+            )
+            .args(["--num-devices", "3"])
             .spawn()
             .unwrap(),
     );

@@ -30,7 +30,9 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use mock_gpu::testing::plugin_command;
 
-use dra_sdk_testing::deliverables::memory::{rss_by_mapping, rss_kib};
+use dra_sdk_testing::deliverables::memory::{
+    print_mappings, print_startup, rss_by_mapping, rss_kib,
+};
 
 #[tokio::main]
 async fn main() {
@@ -56,11 +58,7 @@ async fn main() {
     );
     for _ in 0..5 {
         let cluster = TestCluster::start().await.expect("cluster");
-        let kubeconfig = cluster.path().join("kubeconfig");
-        cluster
-            .api()
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
+        let kubeconfig = cluster.write_kubeconfig().expect("kubeconfig");
         let started = Instant::now();
         let mut child = plugin_command(&binary, &cluster, &kubeconfig, 8)
             .spawn()
@@ -85,12 +83,7 @@ async fn main() {
         let _ = child.wait();
     }
     report("fake API server", "mock-gpu-kubelet-plugin", startups, rss);
-    let top: Vec<String> = mappings
-        .iter()
-        .take(6)
-        .map(|(name, kib)| format!("{name} {:.1}", mib(*kib)))
-        .collect();
-    println!("resident MiB by mapping (last run): {}", top.join(", "));
+    print_mappings(&mappings);
 
     if let Some(dir) = std::env::var_os("DRA_E2E_K8S_BIN") {
         against_real_components(Path::new(&dir), &binary, idle).await;
@@ -99,34 +92,16 @@ async fn main() {
     }
 }
 
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-fn report(server: &str, plugin: &str, mut startups: Vec<Duration>, mut rss: Vec<[u64; 3]>) {
-    startups.sort();
-    rss.sort_by_key(|[total, ..]| *total);
-    println!(
-        "{plugin}, {server}: process start to first ResourceSlice: median {:?} (min {:?}, max {:?})",
-        startups[startups.len() / 2],
-        startups[0],
-        startups[startups.len() - 1]
-    );
-    let [total, anon, file] = rss[rss.len() / 2];
-    println!(
-        "{plugin}, {server}: idle resident memory with 8 devices: median {:.1} MiB (min {:.1}, max {:.1}); \
-         of the median, {:.1} MiB anonymous (heap, stacks), {:.1} MiB file-backed (the executable)",
-        mib(total),
-        mib(rss[0][0]),
-        mib(rss[rss.len() - 1][0]),
-        mib(anon),
-        mib(file),
+fn report(server: &str, plugin: &str, startups: Vec<Duration>, rss: Vec<[u64; 3]>) {
+    print_startup(
+        &format!("{plugin}, {server}"),
+        "8 devices",
+        "the executable",
+        startups,
+        rss,
     );
 }
 
-/// Both plugins, one after the other in each of 5 rounds, on `node-1` of a real cluster: they
-/// register with its kubelet and publish to its API server. Their slices are deleted between
-/// runs so each start publishes afresh.
 async fn against_real_components(dir: &Path, ours: &Path, idle: Duration) {
     let cluster = RealCluster::builder(dir)
         .start()

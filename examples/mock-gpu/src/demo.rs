@@ -43,6 +43,7 @@ use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_allocator::allocate_claim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::e2e::node_ready;
 use dra_sdk_testing::kubelet::{KubeletDevice, KubeletSimulator, KubeletVersion, RegisteredPlugin};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -468,15 +469,7 @@ async fn pick_node(client: &kube::Client, name: Option<&str>) -> Result<(String,
         .await
         .context("listing Nodes to pick one (or pass --node-name)")?;
     let usable = |node: &Node| {
-        let ready = node
-            .status
-            .as_ref()
-            .and_then(|status| status.conditions.as_ref())
-            .is_some_and(|conditions| {
-                conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            });
+        let ready = node_ready(node);
         let spec = node.spec.as_ref();
         let cordoned = spec.and_then(|spec| spec.unschedulable).unwrap_or(false);
         let tainted = spec

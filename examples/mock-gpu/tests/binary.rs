@@ -3,9 +3,8 @@
 
 use std::path::Path;
 use std::process::{Child, Command};
-use std::time::{Duration, Instant};
 
-use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
+use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, wait_for};
 use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use mock_gpu::testing::plugin_command;
@@ -21,20 +20,11 @@ fn spawn_plugin(cluster: &TestCluster, kubeconfig: &Path) -> Child {
     .expect("spawn plugin")
 }
 
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 // Multi-threaded: the fake API server must keep answering while this test waits for the child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
     let cluster = TestCluster::start().await.unwrap();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let mut child = spawn_plugin(&cluster, &kubeconfig);
 
     let registrar = cluster.registrar_dir();
@@ -81,8 +71,7 @@ async fn publishes_registers_and_removes_its_sockets_on_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_partitionable_and_consumable_flags_shape_what_is_published() {
     let cluster = TestCluster::start().await.unwrap();
-    let kubeconfig = cluster.path().join("kubeconfig");
-    cluster.api().write_kubeconfig(&kubeconfig).unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
     let binary = Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"));
     let mut child = plugin_command(binary, &cluster, &kubeconfig, 2)
         .arg("--gpu-partitions=3")

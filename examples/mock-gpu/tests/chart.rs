@@ -11,7 +11,8 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 use support::chart::{
-    OpenApi, chart_dir, decode, describe, helm_or_skip, leaves, render, values_sets, yaml,
+    OpenApi, assert_all_options_documented, assert_plugin_rules, chart_dir, describe, env_map,
+    find_kind, helm_or_skip, render, validate_all, values_sets,
 };
 
 const NAMESPACE: &str = "dra-mock-gpu";
@@ -26,19 +27,9 @@ fn every_rendered_object_is_valid_for_the_api_server() {
         let documents = render(&helm, "mock-gpu", NAMESPACE, &args)
             .unwrap_or_else(|error| panic!("{name}: helm template failed:\n{error}"));
         assert!(!documents.is_empty(), "{name}: nothing rendered");
+        problems.extend(validate_all(&openapi, &name, &documents));
         for document in &documents {
             let what = format!("{name}: {}", describe(document));
-            problems.extend(
-                openapi
-                    .check(document)
-                    .into_iter()
-                    .map(|p| format!("{what}: OpenAPI: {p}")),
-            );
-            problems.extend(
-                decode(document)
-                    .into_iter()
-                    .map(|p| format!("{what}: decode: {p}")),
-            );
             // Namespaced objects carry the release namespace, so the output applies as is.
             let kind = document["kind"].as_str().unwrap_or_default();
             if ["ServiceAccount", "DaemonSet", "Service"].contains(&kind) {
@@ -69,7 +60,7 @@ fn the_defaults_render_what_the_readme_lists() {
     ]
     .into();
     assert_eq!(kinds, expected);
-    let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let daemonset = find_kind(&documents, "DaemonSet");
     let spec = &daemonset["spec"];
     assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxSurge"], 1);
     assert_eq!(spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"], 0);
@@ -102,33 +93,7 @@ fn the_defaults_render_what_the_readme_lists() {
         .into()
     );
     // Least privilege: the verbs the SDK's plugin uses, no patch, no deletecollection.
-    let role = documents
-        .iter()
-        .find(|d| d["kind"] == "ClusterRole")
-        .unwrap();
-    let rules: Vec<(String, Vec<String>)> = role["rules"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|rule| {
-            (
-                rule["resources"][0].as_str().unwrap().to_owned(),
-                serde_json::from_value(rule["verbs"].clone()).unwrap(),
-            )
-        })
-        .collect();
-    let owned = |r: &str, v: &[&str]| (r.to_owned(), v.iter().map(|s| (*s).to_owned()).collect());
-    assert_eq!(
-        rules,
-        vec![
-            owned("resourceclaims", &["get"]),
-            owned(
-                "resourceslices",
-                &["list", "watch", "create", "update", "delete"]
-            ),
-            owned("nodes", &["get"]),
-        ]
-    );
+    assert_plugin_rules(find_kind(&documents, "ClusterRole"));
 }
 
 /// `deviceStatus: true` adds exactly what the status write needs on Kubernetes 1.36: `patch`
@@ -144,10 +109,7 @@ fn device_status_adds_exactly_the_status_rules() {
         &["--set", "kubeletPlugin.deviceStatus=true"],
     )
     .unwrap();
-    let role = documents
-        .iter()
-        .find(|d| d["kind"] == "ClusterRole")
-        .unwrap();
+    let role = find_kind(&documents, "ClusterRole");
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(rules.len(), 5, "{rules:?}");
     assert_eq!(
@@ -160,19 +122,10 @@ fn device_status_adds_exactly_the_status_rules() {
         serde_json::json!({ "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
                             "resourceNames": ["gpu.example.com"], "verbs": ["associated-node:patch"] })
     );
-    let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let daemonset = find_kind(&documents, "DaemonSet");
     let env = env_map(&daemonset["spec"]["template"]["spec"]["containers"][0]);
     assert_eq!(env["DEVICE_STATUS"]["value"], "true");
     assert_eq!(env["DEVICE_METADATA"]["value"], "false");
-}
-
-fn env_map(container: &Value) -> std::collections::BTreeMap<String, Value> {
-    container["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| (v["name"].as_str().unwrap().to_owned(), v.clone()))
-        .collect()
 }
 
 #[test]
@@ -186,7 +139,7 @@ fn the_daemonset_env_names_flags_of_the_plugin() {
     for (name, args) in values_sets() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
-        let daemonset = documents.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+        let daemonset = find_kind(&documents, "DaemonSet");
         for variable in env_map(&daemonset["spec"]["template"]["spec"]["containers"][0]).keys() {
             if variable == "RUST_LOG" {
                 continue;
@@ -201,37 +154,9 @@ fn the_daemonset_env_names_flags_of_the_plugin() {
 
 #[test]
 fn all_options_sets_every_value_and_the_readme_documents_each() {
-    let defaults = yaml(&chart_dir().join("values.yaml"));
-    let all = yaml(&chart_dir().join("ci/all-options-values.yaml"));
-    let readme = std::fs::read_to_string(chart_dir().join("README.md")).unwrap();
-    let mut default_leaves = BTreeSet::new();
-    leaves(&defaults, "", &mut default_leaves);
-    let mut set = BTreeSet::new();
-    leaves(&all, "", &mut set);
-    for leaf in &default_leaves {
-        // A map value (updateStrategy, probes, securityContext) is documented as a whole.
-        let documented = leaf
-            .match_indices('.')
-            .map(|(at, _)| &leaf[..at])
-            .chain([leaf.as_str()])
-            .any(|prefix| readme.contains(&format!("| `{prefix}` |")));
-        assert!(
-            documented,
-            "values.yaml's {leaf} is not in the README's table"
-        );
-        let covered = set
-            .iter()
-            .any(|s| s == leaf || s.starts_with(&format!("{leaf}.")))
-            || leaf
-                .match_indices('.')
-                .any(|(at, _)| set.contains(&leaf[..at]));
-        // featureGates has no accepted value but the empty map, which the file sets.
-        assert!(covered, "ci/all-options-values.yaml does not set {leaf}");
-    }
-    let schema: Value =
-        serde_json::from_slice(&std::fs::read(chart_dir().join("values.schema.json")).unwrap())
-            .unwrap();
-    assert_eq!(schema["additionalProperties"], false);
+    // A map value (updateStrategy, probes, securityContext) is documented as a whole;
+    // featureGates has no accepted value but the empty map, which the file sets.
+    assert_all_options_documented(&chart_dir());
 }
 
 #[test]

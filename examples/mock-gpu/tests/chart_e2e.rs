@@ -16,33 +16,27 @@ use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
 
 use std::path::Path;
 
-use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip, workload};
+use dra_sdk_testing::e2e::{RealCluster, workload};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use shared_e2e::{
-    TIMEOUT, apply_strictly, client_from, create_claim_template, holder_pod, request_token,
-    run_pod, slice, token_kubeconfig, write_denied,
+    TIMEOUT, apply_strictly, assert_slice_writes_confined, client_from, create_claim_template,
+    node_bound_kubeconfig, request_token, run_pod, service_account_name, slice,
+    start_chart_cluster, token_kubeconfig, write_denied,
 };
-use support::chart::{helm_or_skip, render};
+use support::chart::render;
 
 const RELEASE: &str = "mock-gpu";
 const DRIVER: &str = "gpu.example.com";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
-    let Some(helm) = helm_or_skip() else { return };
-    let Some(binaries) = binaries_or_skip() else {
+    let Some((helm, cluster, admin)) = start_chart_cluster().await else {
         return;
     };
-    let cluster = RealCluster::builder(binaries)
-        .nodes(["node-1", "node-2"])
-        .start()
-        .await
-        .unwrap_or_else(|error| panic!("starting the e2e cluster: {error}"));
-    let admin = cluster.client().await.unwrap();
     let namespace = cluster.create_namespace("chart").await.unwrap();
 
     // The DaemonSet selects no node here: its pods would need the image, and its host paths
@@ -58,18 +52,11 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     )
     .unwrap();
     apply_strictly(&admin, &documents).await;
-    let service_account = documents
-        .iter()
-        .find(|d| d["kind"] == "ServiceAccount")
-        .and_then(|d| d["metadata"]["name"].as_str())
-        .unwrap()
-        .to_owned();
-
+    let service_account = service_account_name(&documents);
     // A token for the ServiceAccount bound to a pod on node-1, like the one the kubelet mounts
     // into the plugin's pod: it names the node.
-    let holder = holder_pod(&admin, &namespace, &service_account, "node-1").await;
-    let bound = request_token(&admin, &namespace, &service_account, Some(&holder)).await;
-    let kubeconfig = token_kubeconfig(&cluster, &bound, "plugin-node-1");
+    let kubeconfig =
+        node_bound_kubeconfig(&cluster, &admin, &namespace, &documents, "node-1").await;
     let node = cluster.node("node-1").unwrap();
 
     // 130 devices need several slices: create.
@@ -177,18 +164,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
 
     // The policy: the same token may not touch node-2's slices or another driver's.
     let as_plugin = client_from(&kubeconfig).await;
-    let denied = write_denied(&as_plugin, &admin, slice("other-node", "node-2", DRIVER)).await;
-    assert!(
-        denied.contains("may only write ResourceSlices of its own node"),
-        "{denied}"
-    );
-    let denied = write_denied(
-        &as_plugin,
-        &admin,
-        slice("other-driver", "node-1", "x.example.com"),
-    )
-    .await;
-    assert!(denied.contains("of driver gpu.example.com"), "{denied}");
+    assert_slice_writes_confined(&as_plugin, &admin, DRIVER).await;
     // Nor delete another node's slice that an admin created.
     let slices_api = Api::<ResourceSlice>::all(admin.clone());
     slices_api
@@ -232,21 +208,8 @@ fn spawn_plugin(
     devices: u32,
     extra: &[&str],
 ) -> dra_sdk_testing::e2e::ManagedProcess {
-    let node = cluster.node("node-1").unwrap();
-    let mut args: Vec<String> = vec![
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--node-name".into(),
-        node.name().into(),
-        "--num-devices".into(),
-        devices.to_string(),
-        "--kubelet-registrar-directory-path".into(),
-        node.registrar_dir().display().to_string(),
-        "--kubelet-plugins-directory-path".into(),
-        node.plugins_dir().display().to_string(),
-        "--cdi-root".into(),
-        node.cdi_root().display().to_string(),
-    ];
+    let mut args = cluster.node("node-1").unwrap().plugin_args(kubeconfig);
+    args.extend(["--num-devices".into(), devices.to_string()]);
     args.extend(extra.iter().map(|arg| (*arg).to_owned()));
     cluster
         .spawn_program(

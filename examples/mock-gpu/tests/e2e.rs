@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_sdk::advanced::cdi::Spec;
+use dra_sdk_testing::claims::allocation_results;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use dra_sdk_testing::e2e::{RealCluster, binaries_or_skip};
@@ -155,12 +156,7 @@ async fn metadata_reaches_the_container(
         .get(&claim_name)
         .await?;
     assert_eq!(claim.metadata.uid.as_deref(), Some(claim_uid));
-    let allocated = claim
-        .status
-        .and_then(|status| status.allocation)
-        .and_then(|allocation| allocation.devices)
-        .and_then(|devices| devices.results)
-        .unwrap_or_default();
+    let allocated = allocation_results(&claim);
     assert_eq!(allocated.len(), 1, "{allocated:?}");
 
     let spec_path = node.cdi_root().join(format!(

@@ -22,7 +22,7 @@ use kube::api::{Api, PostParams};
 use mock_gpu::classes::device_classes;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver, PublishOptions};
 use serde_json::{Value, json};
-use support::chart::{OpenApi, decode, describe};
+use support::chart::{OpenApi, validate_all, yaml_documents};
 
 fn demos_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kind/demos")
@@ -84,8 +84,7 @@ type Results = BTreeMap<String, Vec<String>>;
 
 /// [`run_demo`], and the claims' allocation results.
 async fn run_demo_with_results(name: &str) -> (Environments, Results) {
-    let text = std::fs::read_to_string(demos_dir().join(name).join("demo.yaml")).unwrap();
-    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let documents = yaml_documents(&demos_dir().join(name).join("demo.yaml"));
     let running = start_kind_like_cluster().await;
     let client = running.cluster().client();
     let templates: BTreeMap<&str, &Value> = documents
@@ -451,21 +450,11 @@ fn every_demo_object_is_valid_for_the_api_server() {
     let mut problems = Vec::new();
     for entry in std::fs::read_dir(demos_dir()).unwrap() {
         let file = entry.unwrap().path().join("demo.yaml");
-        let text = std::fs::read_to_string(&file).unwrap();
-        for document in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
-            let what = format!("{}: {}", file.display(), describe(&document));
-            problems.extend(
-                openapi
-                    .check(&document)
-                    .into_iter()
-                    .map(|p| format!("{what}: OpenAPI: {p}")),
-            );
-            problems.extend(
-                decode(&document)
-                    .into_iter()
-                    .map(|p| format!("{what}: decode: {p}")),
-            );
-        }
+        problems.extend(validate_all(
+            &openapi,
+            &file.display().to_string(),
+            &yaml_documents(&file),
+        ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -2,47 +2,14 @@
 //! without losing a field (so no misspelled or misplaced field), and the opaque configs decode
 //! strictly into the driver's config. The deployment is the Helm chart, tested by `chart.rs`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use dra_sdk::driver::Driver;
-use dra_sdk_testing::deliverables::chart::round_trip;
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use dra_sdk_testing::deliverables::chart::{decode, yaml_documents};
 use mock_gpu::MockGpuDriver;
-use serde_json::Value;
 
 fn package_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Every YAML document of `file`, as JSON.
-fn documents(file: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(file).unwrap();
-    serde_saphyr::from_multiple::<Value>(&text)
-        .unwrap_or_else(|error| panic!("{}: {error}", file.display()))
-}
-
-fn check(document: &Value) -> Vec<String> {
-    let api_version = document["apiVersion"].as_str().unwrap_or_default();
-    let kind = document["kind"].as_str().unwrap_or_default();
-    match (api_version, kind) {
-        ("v1", "Namespace") => round_trip::<Namespace>(document),
-        ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(document),
-        ("v1", "Pod") => round_trip::<Pod>(document),
-        ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
-        ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-            round_trip::<ClusterRoleBinding>(document)
-        }
-        ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(document),
-        ("resource.k8s.io/v1", "ResourceClaim") => round_trip::<ResourceClaim>(document),
-        ("resource.k8s.io/v1", "ResourceClaimTemplate") => {
-            round_trip::<ResourceClaimTemplate>(document)
-        }
-        other => vec![format!("no check for {other:?}; add one")],
-    }
 }
 
 #[test]
@@ -52,7 +19,7 @@ fn manifests_are_valid_objects_of_their_kinds() {
     for dir in ["demo"] {
         for entry in std::fs::read_dir(package_dir().join(dir)).unwrap() {
             let path = entry.unwrap().path();
-            for document in documents(&path) {
+            for document in yaml_documents(&path) {
                 seen += 1;
                 let name = format!(
                     "{} {} {}",
@@ -60,7 +27,11 @@ fn manifests_are_valid_objects_of_their_kinds() {
                     document["kind"],
                     document["metadata"]["name"]
                 );
-                problems.extend(check(&document).into_iter().map(|p| format!("{name}: {p}")));
+                problems.extend(
+                    decode(&document)
+                        .into_iter()
+                        .map(|p| format!("{name}: {p}")),
+                );
             }
         }
     }
@@ -72,7 +43,7 @@ fn manifests_are_valid_objects_of_their_kinds() {
 fn opaque_configs_decode_strictly() {
     let registry = MockGpuDriver::new("gpu.example.com", "node", 1).config_registry();
     let mut configs = 0;
-    for document in documents(&package_dir().join("demo/gpu-test.yaml")) {
+    for document in yaml_documents(&package_dir().join("demo/gpu-test.yaml")) {
         let spec = match document["kind"].as_str() {
             Some("ResourceClaim") => &document["spec"],
             Some("ResourceClaimTemplate") => &document["spec"]["spec"],

@@ -3,15 +3,12 @@
 //! health stream and tainted in its slice, all while the plugin serves, through its real
 //! sockets and the fake API server.
 
-use std::time::Duration;
-
 use dra_sdk::health::HealthStatus;
 use dra_sdk::slices::Quantity;
 use dra_sdk_testing::claims::AllocatedClaim;
-use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use dra_sdk_testing::cluster::{self, NODE_NAME, TestCluster, claim_ref};
+use k8s_openapi::api::resource::v1::Device;
 use kube::Api;
-use kube::api::ListParams;
 use mock_gpu::{DEFAULT_DRIVER_NAME, GpuHealth, MockGpuDriver, RuntimeError};
 
 /// Polls the driver's ResourceSlices until `done` holds for the devices they list.
@@ -20,27 +17,7 @@ async fn wait_for_devices(
     what: &str,
     done: impl Fn(&[Device]) -> bool,
 ) -> Vec<Device> {
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let devices: Vec<Device> = api
-            .list(&ListParams::default())
-            .await
-            .expect("listing ResourceSlices")
-            .items
-            .into_iter()
-            .filter(|slice| slice.spec.driver == DEFAULT_DRIVER_NAME)
-            .flat_map(|slice| slice.spec.devices.unwrap_or_default())
-            .collect();
-        if done(&devices) {
-            return devices;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: {devices:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    cluster::wait_for_devices(client, DEFAULT_DRIVER_NAME, what, done).await
 }
 
 fn taint_keys(devices: &[Device], name: &str) -> Vec<String> {

@@ -44,6 +44,8 @@
 //!
 //! Without its gate, a strategy fails the claim with upstream's message, which names the
 //! gate.
+//! The gates themselves ([`FeatureGates`], `--feature-gates`) are configuration too and live
+//! here, next to the settings they turn on.
 //!
 //! # Which config applies to a device
 //!
@@ -54,6 +56,7 @@
 //! kind and the device; a config without `requests` only applies to devices of its own kind
 //! and is skipped by the others. Without a match the device gets its kind's default config.
 
+mod gates;
 mod quantity;
 
 use std::collections::BTreeMap;
@@ -64,9 +67,8 @@ use dra_sdk::config::{
 };
 use serde::{Deserialize, Serialize};
 
+pub use gates::{FeatureGate, FeatureGateError, FeatureGates};
 pub use quantity::Quantity;
-
-use crate::driver::{FeatureGate, FeatureGates};
 
 /// The API group and version of every config kind of this driver.
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";

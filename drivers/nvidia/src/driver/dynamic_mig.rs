@@ -451,7 +451,6 @@ pub struct MigCleanup {
 /// now on.
 #[tracing::instrument(skip_all)]
 pub(super) fn reconcile(inner: &Inner, completed: &[(&str, &ClaimState)]) -> MigCleanup {
-    inner.mig_instances.restore(completed.iter().copied());
     let mut cleanup = MigCleanup::default();
     let Some(mig) = inner.mig.as_deref() else {
         cleanup

@@ -1,10 +1,12 @@
 //! Start-up reconciliation ([`Driver::reconcile`](dra_sdk::driver::Driver::reconcile)):
 //! reservations rebuilt from the claims the checkpoint records as completed, and VFIO
-//! bindings that no completed claim owns found and reported.
+//! bindings that no completed claim owns found and reported. This is the only place
+//! reservations are restored after a restart: the driver starts with none, and the SDK calls
+//! reconcile before the plugin registers with the kubelet, so no prepare can race it.
 //!
 //! Nothing is destroyed on suspicion. A GPU left on a VFIO driver is given back to its
 //! previous driver only when the checkpoint proves this driver moved it there: a claim this
-//! process was started with ([`NvidiaDriverBuilder::prepared_claims`]) recorded exactly that
+//! process held (prepared it, or reserved it at an earlier reconcile) recorded exactly that
 //! binding, and the SDK no longer records that claim as prepared (it rolled it back or
 //! dropped it). Every other VFIO-bound GPU is reported and left alone: an administrator, a
 //! VM manager or another driver may have bound it on purpose.
@@ -13,8 +15,6 @@
 //! completed claim records is destroyed, since only this driver creates them under the gate
 //! (a prepare the plugin did not survive leaves one); never on a GPU that waits for a reset,
 //! whose orphans are reported instead (`driver/dynamic_mig.rs`).
-//!
-//! [`NvidiaDriverBuilder::prepared_claims`]: super::NvidiaDriverBuilder::prepared_claims
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,8 +24,8 @@ use super::{
     ClaimState, Inner, MigCleanup, NvidiaDriver, PreparedKind, Reservations, VfioBinding,
     dynamic_mig,
 };
+use crate::config::FeatureGate;
 use crate::devices::{Discovery, DiscoveryOptions};
-use crate::driver::FeatureGate;
 use crate::host::facts;
 
 /// A GPU on a VFIO driver that no completed claim holds, reported and left as it is.
@@ -46,8 +46,8 @@ pub struct UnownedBinding {
 pub struct ReconcileReport {
     /// UIDs of the completed claims whose devices are reserved now.
     pub reserved: Vec<String>,
-    /// UIDs of claims reserved before (from the builder's `prepared_claims`) that are not
-    /// completed any more: their devices are free again.
+    /// UIDs of claims reserved before (prepared by this process, or reserved by an earlier
+    /// reconcile) that are not completed any more: their devices are free again.
     pub released: Vec<String>,
     /// PCI bus IDs of GPUs given back to their previous driver: bindings of released claims,
     /// recorded in the checkpoint.
@@ -109,11 +109,14 @@ fn reconcile(inner: &Inner, completed: Vec<(ClaimRef, ClaimState)>) -> Reconcile
     }
     let previous = std::mem::replace(&mut *inner.reservations(), fresh);
 
+    // Who holds each dynamic MIG instance, whatever the gate says now: unprepare of a claim
+    // that recorded one needs it.
+    let states: Vec<(&str, &ClaimState)> = completed
+        .iter()
+        .map(|(claim, state)| (claim.uid.as_str(), state))
+        .collect();
+    inner.mig_instances.restore(states.iter().copied());
     if inner.gates.is_enabled(FeatureGate::DynamicMig) {
-        let states: Vec<(&str, &ClaimState)> = completed
-            .iter()
-            .map(|(claim, state)| (claim.uid.as_str(), state))
-            .collect();
         report.mig = dynamic_mig::reconcile(inner, &states);
         report.failures.append(&mut report.mig.failures);
     }

@@ -413,8 +413,12 @@ async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() 
     let restarted = f
         .builder("DynamicMIG=true,ConsumableShares=true,TimeSlicingSettings=true")
         .consumable_shares(ConsumableShares::Memory)
-        .prepared_claims(records.clone())
         .build();
+    restarted
+        .reconcile(&completed_claims(&cluster))
+        .await
+        .unwrap();
+    assert!(mig.take_calls().is_empty(), "the shared instance is kept");
     assert_eq!(restarted.shared_devices()[device], holders);
     let recorded = |claim: &ClaimRef| {
         let record = &records[&claim.uid];

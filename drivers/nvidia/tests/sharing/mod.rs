@@ -447,12 +447,7 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
         "the daemon outlives the plugin"
     );
     f.host.clear_events();
-    let restart = |f: &Fixture| {
-        f.builder("MPSSupport=true")
-            .mps(settings.clone())
-            .prepared_claims(checkpointed(&cluster))
-            .build()
-    };
+    let restart = |f: &Fixture| f.builder("MPSSupport=true").mps(settings.clone()).build();
     let driver = restart(&f);
     let plugin = cluster.plugin(driver, DRIVER_NAME).start().await.unwrap();
     assert_eq!(f.host.events(), []);

@@ -226,7 +226,7 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
     } = r;
     plugin.shutdown().await.unwrap();
     f.host.clear_events();
-    let restart = |f: &Fixture| builder(f).prepared_claims(checkpointed(&cluster)).build();
+    let restart = |f: &Fixture| builder(f).build();
     let creates = cluster.api().stats().resource("deployments").create;
     let plugin = cluster
         .plugin(restart(&f), DRIVER_NAME)

@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-pub use super::shared::{OpenApi, decode, describe, helm_or_skip, leaves, yaml};
+pub use super::shared::{
+    OpenApi, assert_all_options_documented, assert_plugin_rules, decode, describe, env_map,
+    find_kind, helm_or_skip, leaves, validate_all, yaml, yaml_documents,
+};
 
 pub fn chart_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/mock-gpu-driver")

@@ -144,7 +144,7 @@ fn known_gates() -> String {
 /// The feature gates of one plugin: upstream's defaults plus what was set.
 ///
 /// ```
-/// use dra_driver_nvidia::driver::{FeatureGate, FeatureGates};
+/// use dra_driver_nvidia::config::{FeatureGate, FeatureGates};
 ///
 /// let gates: FeatureGates = "PassthroughSupport=true".parse()?;
 /// assert!(gates.is_enabled(FeatureGate::PassthroughSupport));
@@ -153,7 +153,7 @@ fn known_gates() -> String {
 ///     "DynamicMIG=true,PassthroughSupport=true".parse::<FeatureGates>().unwrap_err().to_string(),
 ///     "feature gates PassthroughSupport and DynamicMIG cannot be enabled together",
 /// );
-/// # Ok::<(), dra_driver_nvidia::driver::FeatureGateError>(())
+/// # Ok::<(), dra_driver_nvidia::config::FeatureGateError>(())
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FeatureGates {
