@@ -1585,18 +1585,9 @@ fn device_id(problem: &Problem<'_>, candidate: usize) -> String {
 
 /// A random (version 4) UID for a share of a device, as the scheduler assigns.
 fn new_uid() -> String {
-    let mut bytes: [u8; 16] = fastrand::u128(..).to_be_bytes();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    uuid::Builder::from_random_bytes(fastrand::u128(..).to_be_bytes())
+        .into_uuid()
+        .to_string()
 }
 
 #[cfg(test)]

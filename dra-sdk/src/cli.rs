@@ -128,6 +128,49 @@ pub struct ArgsError {
 }
 
 impl PluginArgs {
+    /// Logs to stderr at the levels `RUST_LOG` names, as `level` and `target=level`
+    /// directives (`info`, `warn,dra_sdk=debug`); `info` when unset, and an unparsable value
+    /// is reported and ignored. Call it once, first thing in `main`, before the flags are
+    /// parsed.
+    ///
+    /// The directives are `tracing_subscriber`'s `Targets`, not `EnvFilter`: its span and field
+    /// matching brings a regex engine into the executable, and every megabyte of code shows up
+    /// in the plugin's resident memory on every node.
+    ///
+    /// ```no_run
+    /// use clap::Parser;
+    /// use dra_sdk::cli::PluginArgs;
+    ///
+    /// #[derive(Parser)]
+    /// struct Cli {
+    ///     #[command(flatten)]
+    ///     plugin: PluginArgs,
+    /// }
+    ///
+    /// PluginArgs::init_logging();
+    /// let cli = Cli::parse();
+    /// tracing::info!(node = %cli.plugin.node_name, "starting");
+    /// ```
+    pub fn init_logging() {
+        use tracing_subscriber::filter::{LevelFilter, Targets};
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+
+        let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
+        let filter = match rust_log.parse::<Targets>() {
+            Ok(filter) if !rust_log.trim().is_empty() => filter,
+            Ok(_) => Targets::new().with_default(LevelFilter::INFO),
+            Err(error) => {
+                eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
+                Targets::new().with_default(LevelFilter::INFO)
+            }
+        };
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .with(filter)
+            .init();
+    }
+
     /// The most worker threads a plugin starts without `--max-worker-threads`.
     pub const DEFAULT_MAX_WORKER_THREADS: usize = DEFAULT_MAX_WORKER_THREADS;
 

@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use dra_sdk::advanced::nest_v1beta1_requests;
 use dra_sdk::advanced::slices::ResourceApiVersion;
+use dra_sdk::advanced::{flatten_v1beta1_devices, nest_v1beta1_requests};
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -282,20 +282,7 @@ pub(crate) fn to_v1(mut value: Value) -> Result<Value, (String, String, String)>
     match version {
         "v1" | "v1beta2" => {}
         "v1beta1" => match kind.as_str() {
-            "ResourceSlice" => {
-                if let Some(devices) = value
-                    .pointer_mut("/spec/devices")
-                    .and_then(Value::as_array_mut)
-                {
-                    for device in devices {
-                        if let Some(fields) = device.as_object_mut()
-                            && let Some(Value::Object(basic)) = fields.remove("basic")
-                        {
-                            fields.extend(basic);
-                        }
-                    }
-                }
-            }
+            "ResourceSlice" => flatten_v1beta1_devices(&mut value),
             "ResourceClaim" => nest_v1beta1_requests(value.pointer_mut("/spec/devices/requests")),
             "ResourceClaimTemplate" => {
                 nest_v1beta1_requests(value.pointer_mut("/spec/spec/devices/requests"));

@@ -68,19 +68,9 @@ pub(crate) fn now_timestamp() -> String {
 
 /// A random RFC 4122 version-4 UID.
 pub(crate) fn new_uid() -> String {
-    let mut bytes = [0u8; 16];
-    bytes.iter_mut().for_each(|b| *b = fastrand::u8(..));
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    uuid::Builder::from_random_bytes(fastrand::u128(..).to_be_bytes())
+        .into_uuid()
+        .to_string()
 }
 
 /// The five-character suffix `generateName` gets (same alphabet as the Go server: no vowels, no

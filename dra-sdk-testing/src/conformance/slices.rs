@@ -105,18 +105,8 @@ pub async fn server_release(
 
 /// `v1beta1` wraps everything of a device but its name in `basic`; unwrap it.
 fn to_v1_shape(mut slice: Value, version: ResourceApiVersion) -> Value {
-    if version == ResourceApiVersion::V1beta1
-        && let Some(devices) = slice
-            .pointer_mut("/spec/devices")
-            .and_then(Value::as_array_mut)
-    {
-        for device in devices {
-            if let Some(fields) = device.as_object_mut()
-                && let Some(Value::Object(basic)) = fields.remove("basic")
-            {
-                fields.extend(basic);
-            }
-        }
+    if version == ResourceApiVersion::V1beta1 {
+        dra_sdk::advanced::flatten_v1beta1_devices(&mut slice);
     }
     slice
 }

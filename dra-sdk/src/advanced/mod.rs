@@ -13,8 +13,9 @@
 //! - [`bind_private`] and [`remove_socket`]: the plugin's Unix-socket helpers (owner-only
 //!   permissions, stale sockets replaced, regular files never removed), and [`unix_channel`],
 //!   a gRPC client channel to such a socket;
-//! - [`nest_v1beta1_requests`]: the conversion the plugin applies to `resource.k8s.io/v1beta1`
-//!   claims, for tools that read such objects and want the `v1` shape.
+//! - [`nest_v1beta1_requests`] and [`flatten_v1beta1_devices`]: the conversions the plugin
+//!   applies to `resource.k8s.io/v1beta1` claims and slices, for tools that read such objects
+//!   and want the `v1` shape.
 //!
 //! And the machinery a driver reaches only through [`KubeletPlugin`](crate::plugin::KubeletPlugin)
 //! and its [`DriverContext`](crate::context::DriverContext), for tools and tests that drive it
@@ -74,3 +75,4 @@ pub use crate::plugin::authority::{AuthorityError, AuthorityRewriteStream};
 pub use crate::plugin::client::unix_channel;
 pub use crate::plugin::registration::RegistrationStatus;
 pub use crate::plugin::socket::{SocketError, SocketPaths, bind_private, remove_socket};
+pub use crate::slices::wire::flatten_v1beta1_devices;

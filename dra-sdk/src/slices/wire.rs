@@ -136,15 +136,36 @@ pub(crate) fn from_dynamic(
         object.insert("kind".to_owned(), Value::String("ResourceSlice".to_owned()));
     }
     if version == ResourceApiVersion::V1beta1 {
-        for device in devices_mut(&mut value) {
-            if let Some(fields) = device.as_object_mut()
-                && let Some(Value::Object(basic)) = fields.remove("basic")
-            {
-                fields.extend(basic);
-            }
-        }
+        flatten_v1beta1_devices(&mut value);
     }
     serde_json::from_value(value)
+}
+
+/// Converts the devices of a `resource.k8s.io/v1beta1` ResourceSlice (as JSON) to the v1
+/// shape: v1beta1 wraps everything of a device but its name in `basic`. The conversion the
+/// publisher applies to the slices it reads; tools that read v1beta1 files use it too.
+///
+/// ```
+/// use dra_sdk::advanced::flatten_v1beta1_devices;
+/// use serde_json::json;
+///
+/// let mut slice = json!({"spec": {"devices": [
+///     {"name": "gpu-0", "basic": {"attributes": {"model": {"string": "A100"}}}}
+/// ]}});
+/// flatten_v1beta1_devices(&mut slice);
+/// assert_eq!(
+///     slice["spec"]["devices"][0],
+///     json!({"name": "gpu-0", "attributes": {"model": {"string": "A100"}}})
+/// );
+/// ```
+pub fn flatten_v1beta1_devices(slice: &mut Value) {
+    for device in devices_mut(slice) {
+        if let Some(fields) = device.as_object_mut()
+            && let Some(Value::Object(basic)) = fields.remove("basic")
+        {
+            fields.extend(basic);
+        }
+    }
 }
 
 fn devices_mut(value: &mut Value) -> impl Iterator<Item = &mut Value> {

@@ -5,27 +5,11 @@ use clap::Parser;
 use dra_driver_nvidia::backend::mock::to_profile_yaml;
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin, backend, cdi_kind};
+use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
-use tracing_subscriber::filter::{LevelFilter, Targets};
-use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 fn main() -> Result<()> {
-    // `RUST_LOG` as `level` and `target=level` directives (`Targets`, not `EnvFilter`: no regex
-    // engine in a binary that stays resident on every GPU node).
-    let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
-    let filter = match rust_log.parse::<Targets>() {
-        Ok(filter) if !rust_log.trim().is_empty() => filter,
-        Ok(_) => Targets::new().with_default(LevelFilter::INFO),
-        Err(error) => {
-            eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
-            Targets::new().with_default(LevelFilter::INFO)
-        }
-    };
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(filter)
-        .init();
+    PluginArgs::init_logging();
     let cli = Cli::parse();
     if cli.nvidia.print_profile {
         return print_profile(&cli);

@@ -5,9 +5,6 @@ use clap::{Args, Parser};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MAX_PARTITIONS, MockGpuDriver, PublishOptions};
-use tracing_subscriber::filter::{LevelFilter, Targets};
-use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// DRA kubelet plugin for mock GPUs.
 #[derive(Parser)]
@@ -54,22 +51,7 @@ struct DriverArgs {
 }
 
 fn main() -> Result<()> {
-    // `RUST_LOG` as `level` and `target=level` directives. `Targets` rather than `EnvFilter`:
-    // EnvFilter's span and field matching brings a regex engine into the executable, and
-    // every megabyte of code shows up in the plugin's resident memory on every node.
-    let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
-    let filter = match rust_log.parse::<Targets>() {
-        Ok(filter) if !rust_log.trim().is_empty() => filter,
-        Ok(_) => Targets::new().with_default(LevelFilter::INFO),
-        Err(error) => {
-            eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
-            Targets::new().with_default(LevelFilter::INFO)
-        }
-    };
-    tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-        .with(filter)
-        .init();
+    PluginArgs::init_logging();
     // The demo was once a subcommand of this binary; point there instead of failing with an
     // unexpected-argument error.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == "demo") {
