@@ -9,7 +9,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{DeriveInput, Ident, Path, Type};
 
-use crate::names::{MAX_DEVICE_ENTRIES, check_attribute_name, lower_camel_case};
+use crate::names::{MAX_DEVICE_ENTRIES, check_name, lower_camel_case};
 
 #[derive(FromDeriveInput)]
 #[darling(attributes(dra), supports(struct_named))]
@@ -81,6 +81,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
         .collect();
     let mut names: BTreeMap<String, &Ident> = BTreeMap::new();
     let mut statements = Vec::new();
+    let mut name_checks = Vec::new();
     let mut bounds = Vec::new();
     let mut counted = 0;
 
@@ -126,16 +127,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
                 field_ident.span(),
             ),
         };
-        if let Err(message) = check_attribute_name(&name) {
-            let message = match field.name {
-                Some(_) => message,
-                None => format!(
-                    "{message} (derived from the field name; set one with #[dra(name = \"...\")])"
-                ),
-            };
-            errors.push(darling::Error::custom(message).with_span(&name_span));
-            continue;
-        }
+        name_checks.push(check_name(&krate, quote!(QualifiedName), &name, name_span));
         if let Some(first) = names.insert(name.clone(), field_ident) {
             errors.push(
                 darling::Error::custom(format!(
@@ -166,6 +158,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
                 #(#statements)*
             }
         }
+        #(#name_checks)*
     })
 }
 
@@ -326,8 +319,8 @@ mod tests {
                 c: i64,
             }
         });
-        assert_eq!(out.matches("compile_error").count(), 3, "{out}");
-        assert!(out.contains("attribute name `bad-name` is not a C identifier"));
+        // The name rules run later, at compile time in the user's crate (`names::check_name`).
+        assert_eq!(out.matches("compile_error").count(), 2, "{out}");
         assert!(out.contains("attribute name `index` is already used by field `b`"));
         assert!(out.contains("`skip` cannot be combined"));
     }

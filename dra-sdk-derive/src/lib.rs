@@ -76,8 +76,9 @@ mod opaque_config;
 /// # Compile-time checks
 ///
 /// Names are checked against the Kubernetes rules (C identifier of at most 32 characters,
-/// optional DNS-subdomain domain of at most 63), duplicate names and more than 32 attributes
-/// plus capacities are rejected, and unsupported field types are reported on the field.
+/// optional DNS-subdomain domain of at most 63) by the SDK's `k8s::NameRule`, evaluated at
+/// compile time and reported on the name; duplicate names and more than 32 attributes plus
+/// capacities are rejected, and unsupported field types are reported on the field.
 /// Entries of flattened fields are checked when the ResourceSlice is validated.
 #[proc_macro_derive(DeviceAttributes, attributes(dra))]
 pub fn derive_device_attributes(input: TokenStream) -> TokenStream {

@@ -7,7 +7,7 @@ use quote::{quote, quote_spanned};
 use syn::parse::ParseStream;
 use syn::{Attribute, DeriveInput, Ident, LitStr, Path, Token};
 
-use crate::names::{check_api_version, check_kind, lower_camel_case};
+use crate::names::{check_name, lower_camel_case};
 
 /// The keys the config registry consumes before decoding the rest of the object.
 const TYPE_FIELDS: [&str; 2] = ["apiVersion", "kind"];
@@ -60,18 +60,14 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
         ))
         .with_span(&input.ident));
     };
-    let mut errors = darling::Error::accumulator();
-    if let Err(message) = check_api_version(api_version) {
-        errors.push(darling::Error::custom(message).with_span(&api_version.span()));
-    }
-    if let Err(message) = check_kind(kind) {
-        errors.push(darling::Error::custom(message).with_span(&kind.span()));
-    }
-    errors.handle(check_type_fields(&input));
-    errors.finish()?;
+    check_type_fields(&input)?;
+    let krate = input.krate.unwrap_or_else(|| syn::parse_quote!(::dra_sdk));
+    let name_checks = [
+        check_name(&krate, quote!(ApiVersion), api_version, api_version.span()),
+        check_name(&krate, quote!(Kind), kind, kind.span()),
+    ];
     let (api_version, kind) = (api_version.as_str(), kind.as_str());
 
-    let krate = input.krate.unwrap_or_else(|| syn::parse_quote!(::dra_sdk));
     let ident = &input.ident;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     // Spanned to the type name, so that a missing `ConfigHooks` impl or `Deserialize` derive
@@ -90,6 +86,7 @@ fn expand(input: &DeriveInput) -> darling::Result<TokenStream> {
             const KIND: &'static str = #kind;
         }
         #hooks
+        #(#name_checks)*
     })
 }
 
@@ -309,13 +306,21 @@ mod tests {
         assert!(out.contains("`kind` cannot be the enum tag"), "{out}");
     }
 
+    /// The identity is checked by the SDK's name rules, at compile time in the user's crate
+    /// (the UI test `config_invalid_identity` shows the errors).
     #[test]
-    fn invalid_identity() {
+    fn identity_is_checked_by_the_name_rules() {
         let out = expand_str(quote! {
             #[dra(api_version = "v1", kind = "gpuConfig")]
             struct C {}
         });
-        assert!(out.contains("apiVersion `v1` must be `<group>/<version>`"));
-        assert!(out.contains("kind `gpuConfig` must be an UpperCamelCase identifier"));
+        assert!(
+            out.contains("NameRule :: ApiVersion . check (\"v1\")"),
+            "{out}"
+        );
+        assert!(
+            out.contains("NameRule :: Kind . check (\"gpuConfig\")"),
+            "{out}"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use dra_sdk::advanced::cdi::Spec;
 use dra_sdk::advanced::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
 use dra_sdk::cdi::ContainerEdits;
-use dra_sdk::claim::{Claim, DriverError, RecordedClaim};
+use dra_sdk::claim::{Claim, ClaimRef, DriverError, RecordedClaim};
 use dra_sdk::context::DriverContext;
 use dra_sdk::driver::{Driver, PreparedClaim, PreparedDevice};
 use dra_sdk::slices::{Device, DriverResources};
@@ -62,8 +62,7 @@ impl Driver for MetadataDriver {
     }
 
     async fn unprepare(&self, recorded: &RecordedClaim) -> Result<(), DriverError> {
-        let claim = &recorded.claim;
-        let identity = MetadataClaim::new(&claim.namespace, &claim.name, &claim.uid);
+        let identity = MetadataClaim::from(recorded.claim.clone());
         self.writer
             .remove_claim(&identity)
             .map_err(DriverError::other)
@@ -235,7 +234,11 @@ async fn the_plugin_writes_records_sweeps_and_removes_metadata_of_a_driver_that_
     // Files of a claim no record names (left by a crash or an old instance) go at start;
     // those of prepared claims stay.
     let leftover = MetadataWriter::new(DRIVER, &data_dir, cdi_root.clone());
-    let ghost = MetadataClaim::new("default", "ghost", "0c6f3a1e-0000-4000-8000-000000000000");
+    let ghost = MetadataClaim::from(ClaimRef::new(
+        "default",
+        "ghost",
+        "0c6f3a1e-0000-4000-8000-000000000000",
+    ));
     let written = leftover
         .write_claim(&ghost, &[MetadataDevice::new("net", NODE_NAME, "nic-0")])
         .unwrap();

@@ -146,7 +146,7 @@ fn write_unrecorded_metadata(cluster: &TestCluster, name: &str, uid: &str) {
         cluster.cdi_root(),
     )
     .write_claim(
-        &MetadataClaim::new("default", name, uid),
+        &MetadataClaim::from(ClaimRef::new("default", name, uid)),
         &[MetadataDevice::new("gpu", NODE_NAME, "gpu-0")],
     )
     .unwrap();

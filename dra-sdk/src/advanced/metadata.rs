@@ -59,11 +59,12 @@
 //!
 //! ```
 //! use dra_sdk::advanced::metadata::{MetadataClaim, MetadataDevice, MetadataWriter};
+//! use dra_sdk::claim::ClaimRef;
 //!
 //! # let plugin_dir = tempfile::tempdir()?;
 //! # let cdi_dir = tempfile::tempdir()?;
 //! let writer = MetadataWriter::new("gpu.example.com", plugin_dir.path(), cdi_dir.path());
-//! let claim = MetadataClaim::new("default", "gpu-claim", "0b7a41f6-ccd3-4b5c-9d7a-2f3e52e6a3f1");
+//! let claim = MetadataClaim::from(ClaimRef::new("default", "gpu-claim", "0b7a41f6-ccd3-4b5c-9d7a-2f3e52e6a3f1"));
 //! let devices = [MetadataDevice::new("gpu", "node-1", "gpu-0").attribute("model", "h100")];
 //! let written = writer.write_claim(&claim, &devices)?;
 //! assert_eq!(
@@ -86,6 +87,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::cdi::{self, CdiError, ContainerEdits, Kind, Mount, Spec};
+use crate::claim::ClaimRef;
 use crate::slices::{AttributeValue, Device};
 
 /// Where metadata files appear inside containers.
@@ -189,35 +191,37 @@ impl MetadataError {
     }
 }
 
-/// The claim a metadata file describes.
+/// The claim a metadata file describes: its identity, and for a claim made from a template
+/// the pod's name for it.
+///
+/// ```
+/// use dra_sdk::advanced::metadata::MetadataClaim;
+/// use dra_sdk::claim::ClaimRef;
+///
+/// let claim = MetadataClaim::from(ClaimRef::new("default", "pod-gpu-x7k", "8f0c5d1e"))
+///     .pod_claim_name("gpu");
+/// assert_eq!(claim.claim.name, "pod-gpu-x7k");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MetadataClaim {
-    /// Namespace of the ResourceClaim.
-    pub namespace: String,
-    /// Name of the ResourceClaim.
-    pub name: String,
-    /// UID of the ResourceClaim.
-    pub uid: String,
+    /// The ResourceClaim.
+    pub claim: ClaimRef,
     /// The pod's name for the claim, for claims made from a template (the
     /// [`POD_CLAIM_NAME_ANNOTATION`]); selects the `resourceclaimtemplates` path.
     pub pod_claim_name: Option<String>,
 }
 
-impl MetadataClaim {
-    /// A claim referenced by name.
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        uid: impl Into<String>,
-    ) -> Self {
+impl From<ClaimRef> for MetadataClaim {
+    fn from(claim: ClaimRef) -> Self {
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
-            uid: uid.into(),
+            claim,
             pod_claim_name: None,
         }
     }
+}
 
+impl MetadataClaim {
     /// Sets the pod's name for a claim made from a template.
     pub fn pod_claim_name(mut self, name: impl Into<String>) -> Self {
         self.pod_claim_name = Some(name.into());
@@ -234,9 +238,11 @@ impl MetadataClaim {
                 .ok_or(MetadataError::IncompleteClaim(what))
         };
         Ok(Self {
-            namespace: get(&meta.namespace, "namespace")?,
-            name: get(&meta.name, "name")?,
-            uid: get(&meta.uid, "uid")?,
+            claim: ClaimRef::new(
+                get(&meta.namespace, "namespace")?,
+                get(&meta.name, "name")?,
+                get(&meta.uid, "uid")?,
+            ),
             pod_claim_name: meta
                 .annotations
                 .as_ref()
@@ -247,7 +253,7 @@ impl MetadataClaim {
     }
 
     fn describe(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        format!("{}/{}", self.claim.namespace, self.claim.name)
     }
 }
 
@@ -459,7 +465,7 @@ impl MetadataWriter {
         devices: &[MetadataDevice],
     ) -> Result<WrittenMetadata, MetadataError> {
         let _span =
-            tracing::debug_span!("write_metadata", claim = %claim.describe(), uid = %claim.uid)
+            tracing::debug_span!("write_metadata", claim = %claim.describe(), uid = %claim.claim.uid)
                 .entered();
         self.check_claim(claim)?;
         let mut by_request: BTreeMap<&str, Vec<&MetadataDevice>> = BTreeMap::new();
@@ -549,7 +555,7 @@ impl MetadataWriter {
             Err(e) => return Err(MetadataError::io("remove metadata directory", dir, e)),
         }
         for (uid, path) in self.specs()? {
-            if uid == claim.uid {
+            if uid == claim.claim.uid {
                 remove_file(&path)?;
             }
         }
@@ -700,7 +706,7 @@ impl MetadataWriter {
     /// `<host dir>/<namespace>_<name>`.
     fn claim_dir(&self, claim: &MetadataClaim) -> PathBuf {
         self.host_dir
-            .join(format!("{}_{}", claim.namespace, claim.name))
+            .join(format!("{}_{}", claim.claim.namespace, claim.claim.name))
     }
 
     fn host_file(&self, claim: &MetadataClaim, base_request: &str) -> PathBuf {
@@ -716,21 +722,21 @@ impl MetadataWriter {
             ),
             None => format!(
                 "{CONTAINER_DIR}/{RESOURCE_CLAIMS_SUBDIR}/{}/{base_request}/{file}",
-                claim.name
+                claim.claim.name
             ),
         }
     }
 
     fn check_claim(&self, claim: &MetadataClaim) -> Result<(), MetadataError> {
         check_component("driver name", &self.driver)?;
-        check_component("claim namespace", &claim.namespace)?;
-        check_component("claim name", &claim.name)?;
-        check_component("claim UID", &claim.uid)?;
-        if claim.uid.contains('_') {
+        check_component("claim namespace", &claim.claim.namespace)?;
+        check_component("claim name", &claim.claim.name)?;
+        check_component("claim UID", &claim.claim.uid)?;
+        if claim.claim.uid.contains('_') {
             // The UID is the part of the CDI file name between two underscores.
             return Err(MetadataError::InvalidName {
                 what: "claim UID",
-                value: claim.uid.clone(),
+                value: claim.claim.uid.clone(),
             });
         }
         if let Some(pod_claim) = &claim.pod_claim_name {
@@ -752,9 +758,9 @@ impl MetadataWriter {
                 kind: KIND.to_owned(),
                 api_version: version.api_version().to_owned(),
                 metadata: FileMeta {
-                    name: claim.name.clone(),
-                    namespace: claim.namespace.clone(),
-                    uid: claim.uid.clone(),
+                    name: claim.claim.name.clone(),
+                    namespace: claim.claim.namespace.clone(),
+                    uid: claim.claim.uid.clone(),
                     generation,
                 },
                 pod_claim_name: claim.pod_claim_name.clone(),
@@ -797,7 +803,7 @@ impl MetadataWriter {
         host_file: &Path,
     ) -> Result<(PathBuf, String), MetadataError> {
         let kind: Kind = format!("{}/metadata", self.driver).parse()?;
-        let device_name = format!("{}_{base_request}", claim.uid);
+        let device_name = format!("{}_{base_request}", claim.claim.uid);
         let mount = Mount::new(
             host_file.to_string_lossy(),
             self.container_path(claim, base_request),
@@ -819,7 +825,7 @@ impl MetadataWriter {
             .map_err(|e| MetadataError::io("create CDI directory", &self.cdi_dir, e))?;
         let path = self.cdi_dir.join(format!(
             "{}_metadata_{}_{base_request}.json",
-            self.driver, claim.uid
+            self.driver, claim.claim.uid
         ));
         write_atomically(&path, &contents)?;
         Ok((path, format!("{kind}={device_name}")))
@@ -1041,7 +1047,7 @@ mod tests {
     }
 
     fn claim() -> MetadataClaim {
-        MetadataClaim::new("default", "gpu-claim", UID)
+        MetadataClaim::from(ClaimRef::new("default", "gpu-claim", UID))
     }
 
     fn stream(path: &Path) -> Vec<Value> {
@@ -1172,7 +1178,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             MetadataClaim::from_resource_claim(&object).unwrap(),
-            MetadataClaim::new("ns", "pod-gpu-x7k", UID).pod_claim_name("gpu")
+            MetadataClaim::from(ClaimRef::new("ns", "pod-gpu-x7k", UID)).pod_claim_name("gpu")
         );
         let mut nameless = object;
         nameless.metadata.uid = None;
@@ -1259,7 +1265,11 @@ mod tests {
     #[test]
     fn remove_claim_and_orphans() {
         let (writer, dirs) = writer();
-        let other = MetadataClaim::new("default", "other", "11111111-2222-3333-4444-555555555555");
+        let other = MetadataClaim::from(ClaimRef::new(
+            "default",
+            "other",
+            "11111111-2222-3333-4444-555555555555",
+        ));
         writer
             .write_claim(
                 &claim(),
@@ -1283,7 +1293,7 @@ mod tests {
         fs::create_dir_all(writer.host_dir().join("default_half/a")).unwrap();
 
         let removed = writer.remove_orphans(|uid| uid == UID).unwrap();
-        assert_eq!(removed, vec![other.uid.clone()]);
+        assert_eq!(removed, vec![other.claim.uid.clone()]);
         assert!(!writer.host_dir().join("default_other").exists());
         assert!(!writer.host_dir().join("default_half").exists());
         assert!(
@@ -1318,9 +1328,9 @@ mod tests {
             .unwrap();
         assert_eq!(stream(&written.files[0]).len(), 1);
         for bad in [
-            MetadataClaim::new("default", "../x", UID),
-            MetadataClaim::new("default", "c", "a_b"),
-            MetadataClaim::new("", "c", UID),
+            MetadataClaim::from(ClaimRef::new("default", "../x", UID)),
+            MetadataClaim::from(ClaimRef::new("default", "c", "a_b")),
+            MetadataClaim::from(ClaimRef::new("", "c", UID)),
         ] {
             assert!(matches!(
                 writer.write_claim(&bad, &[]),

@@ -105,11 +105,7 @@ impl ClaimReports {
             return Ok(());
         };
         writer
-            .remove_claim(&MetadataClaim::new(
-                &claim.namespace,
-                &claim.name,
-                &claim.uid,
-            ))
+            .remove_claim(&MetadataClaim::from(claim.clone()))
             .map_err(|error| format!("removing the device metadata: {error}"))
     }
 

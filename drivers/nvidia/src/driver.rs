@@ -95,7 +95,7 @@ use crate::config::{
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
-use crate::mig::MigManager;
+use crate::backend::mig::MigManager;
 use crate::sharing::mps::{DeploymentRunner, MpsDeploymentConfig};
 use crate::sharing::{AppliedSharing, ConsumableShares, MpsRunner, MpsSettings, SharedAllocation};
 

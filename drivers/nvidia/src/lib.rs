@@ -1,5 +1,5 @@
 //! The NVIDIA GPU DRA driver, built on [`dra_sdk`]: full GPUs, static MIG devices, dynamic MIG
-//! partitions ([`mig`], gate `DynamicMIG`) and VFIO passthrough, GPU sharing (time-slicing, MPS,
+//! partitions ([`backend::mig`], gate `DynamicMIG`) and VFIO passthrough, GPU sharing (time-slicing, MPS,
 //! consumable shares), discovered through NVML (feature `nvml`) or a mock backend described by a
 //! hardware profile, so that everything runs on machines without a GPU.
 #![deny(missing_docs)]
@@ -13,6 +13,5 @@ pub mod devices;
 pub mod driver;
 pub mod health;
 pub mod host;
-pub mod mig;
 pub mod plugin;
 pub mod sharing;

@@ -32,9 +32,10 @@ use crate::cdi::DriverRoot;
 use crate::config::{FeatureGate, FeatureGates};
 use crate::devices::{Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::NvidiaDriver;
-use crate::health::{HealthPolicy, MockEvents, XidListError, parse_xids};
+use crate::health::{HealthPolicy, XidListError, parse_xids};
+use crate::backend::mock::MockEvents;
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
-use crate::mig::MigManager;
+use crate::backend::mig::MigManager;
 use crate::sharing::mps::MpsDeploymentConfig;
 use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 

@@ -133,7 +133,7 @@ fn half_of_gpu1(gpu1: &GpuInventory, uuid: &str) -> MigInstance {
 #[test]
 fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
     use dra_driver_nvidia::backend::{GpuBackend, MigMode};
-    use dra_driver_nvidia::mig::MigCall;
+    use dra_driver_nvidia::backend::mig::MigCall;
 
     let f = Fixture::new("dgx-a100");
     let mig = f.backend.mig();
@@ -219,7 +219,7 @@ fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
 #[tokio::test]
 async fn a_partition_two_completed_claims_share_is_kept_until_both_go() {
     use dra_driver_nvidia::backend::GpuBackend;
-    use dra_driver_nvidia::mig::MigCall;
+    use dra_driver_nvidia::backend::mig::MigCall;
     use dra_driver_nvidia::sharing::SharedAllocation;
     use dra_sdk::claim::RecordedClaim;
     use dra_sdk::driver::Driver;

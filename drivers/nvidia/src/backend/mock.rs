@@ -67,9 +67,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::health::{HealthEventStream, MockEvents};
+use super::events::HealthEventStream;
 
+mod events;
 mod mig;
+pub use events::{MockEventStream, MockEvents};
 pub use mig::MockMig;
 
 use super::{

@@ -8,6 +8,9 @@
 //! * `nvml::NvmlBackend` (feature `nvml`): the NVIDIA Management Library, loaded at run time,
 //!   so the crate builds and its tests run on machines without the NVIDIA driver.
 //!
+//! Beside it, the backend's other two faces: [`mig::MigManager`], the one trait that changes MIG
+//! state, and [`events::HealthEventStream`], the hardware's health events.
+//!
 //! The trait is read-only: nothing in it changes GPU, MIG or driver settings. All calls are
 //! synchronous, like NVML itself; async callers run them on a blocking thread.
 //!
@@ -26,6 +29,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub mod events;
+pub mod mig;
 pub mod mock;
 #[cfg(feature = "nvml")]
 pub mod nvml;
@@ -65,7 +70,7 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     fn health_events(
         &self,
         gpu_uuids: &[String],
-    ) -> Result<Box<dyn crate::health::HealthEventStream + '_>, BackendError> {
+    ) -> Result<Box<dyn crate::backend::events::HealthEventStream + '_>, BackendError> {
         let _ = gpu_uuids;
         Err(BackendError::Unsupported {
             what: "health events".into(),
@@ -527,9 +532,6 @@ pub enum BackendError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A mock hardware profile could not be loaded.
-    #[error(transparent)]
-    Profile(#[from] mock::ProfileError),
 }
 
 #[cfg(test)]

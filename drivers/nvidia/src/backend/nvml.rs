@@ -25,13 +25,13 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::error::NvmlError;
 
-use crate::health::HealthEventStream;
+use crate::backend::events::HealthEventStream;
 
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, MigDeviceInfo,
     MigMode, MigPlacement, MigProfileInfo, PciInfo,
 };
-use crate::mig::{GpuInstanceInfo, MigError, MigManager};
+use crate::backend::mig::{GpuInstanceInfo, MigError, MigManager};
 
 /// The NVML library's default name, found through the dynamic loader's search path.
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
@@ -291,7 +291,7 @@ mod events {
 
     use super::{NvmlBackend, query};
     use crate::backend::BackendError;
-    use crate::health::{HealthEvent, HealthEventKind, HealthEventStream};
+    use crate::backend::events::{HealthEvent, HealthEventKind, HealthEventStream};
 
     /// NVML reports an XID it cannot decode as 999.
     const UNKNOWN_XID: u64 = 999;

@@ -68,6 +68,7 @@ use crate::backend::{
 use crate::host::{Host, HostError, facts};
 use crate::sharing::ConsumableShares;
 
+pub mod counters;
 pub mod partitions;
 pub use partitions::{MigPartition, PartitionableGpu, partition_pool_name};
 

@@ -10,7 +10,7 @@
 //! For each partitionable GPU the node publishes, in a pool of its own
 //! ([`partition_pool_name`]: `<node>/gpu-<minor>`):
 //!
-//! * the counter set `gpu-<minor>-counter-set` ([`crate::mig::counters`]);
+//! * the counter set `gpu-<minor>-counter-set` ([`crate::devices::counters`]);
 //! * one abstract MIG device per profile and placement, named as a static MIG device
 //!   (`gpu-<minor>-mig-<profile>-<profileID>-<placementStart>`), with the attributes of a MIG
 //!   device except `uuid` (the instance exists only once prepared), consuming its share;
@@ -28,8 +28,8 @@ use dra_sdk::slices::{CounterSet, Device};
 
 use super::{GpuCommon, MigAttributes, mig_device_name};
 use crate::backend::{GpuInfo, GpuInventory, MigMode, MigPlacement, MigProfileInfo};
-use crate::mig::counters::{counter_set_name, gpu_counters, partition_consumption};
-use crate::mig::{can_toggle_mig_mode, needs_reset};
+use crate::devices::counters::{counter_set_name, gpu_counters, partition_consumption};
+use crate::backend::mig::{can_toggle_mig_mode, needs_reset};
 
 /// The pool of a partitionable GPU: `<node>/gpu-<minor>`.
 pub fn partition_pool_name(node_name: &str, minor: u32) -> String {

@@ -2,9 +2,9 @@
 //! through the SDK's one device-state API ([`DriverContext::set_device_states`](dra_sdk::context::DriverContext::set_device_states)), which feeds
 //! both the kubelet's health stream and the device taints in the ResourceSlice.
 //!
-//! * An event source per backend ([`HealthEventStream`], from
+//! * An event source per backend ([`HealthEventStream`](crate::backend::events::HealthEventStream), from
 //!   [`GpuBackend::health_events`](crate::backend::GpuBackend::health_events)): NVML's event set (feature `nvml`), or the mock's
-//!   injected and file events ([`MockEvents`]).
+//!   injected and file events ([`MockEvents`](crate::backend::mock::MockEvents)).
 //! * A policy ([`HealthPolicy`]): critical XIDs taint `gpu.nvidia.com/xid=<xid>` with effect
 //!   `NoSchedule` (`None` for ignorable XIDs: [`DEFAULT_IGNORED_XIDS`] plus
 //!   `--additional-xids-to-ignore`), a double-bit ECC error taints `gpu.nvidia.com/xid=dbe`
@@ -18,12 +18,8 @@
 //!
 //! See `drivers/nvidia/docs/health.md`.
 
-mod event;
-mod mock;
 mod monitor;
 
-pub use event::{EventParseError, HealthEvent, HealthEventKind, HealthEventStream};
-pub use mock::{MockEventStream, MockEvents};
 pub use monitor::{DeviceMap, HealthMonitor, HealthTracker};
 
 use std::collections::BTreeSet;

@@ -13,10 +13,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{
-    HealthEvent, HealthEventKind, HealthPolicy, RESET_ALL, TAINT_GPU_LOST, TAINT_UNMONITORED,
-    TAINT_XID,
-};
+use super::{HealthPolicy, RESET_ALL, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
+use crate::backend::events::{HealthEvent, HealthEventKind};
 use crate::backend::{BackendError, GpuBackend};
 use crate::devices::Discovery;
 

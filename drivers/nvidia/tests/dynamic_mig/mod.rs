@@ -3,7 +3,7 @@
 //! checkpoint records. Part of the `prepare` test binary (no binary of its own: link time).
 
 use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
-use dra_driver_nvidia::mig::{MigCall, MigCallKind};
+use dra_driver_nvidia::backend::mig::{MigCall, MigCallKind};
 use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::advanced::checkpoint::Checkpoint;
 use dra_sdk::claim::RecordedClaim;
@@ -189,7 +189,7 @@ async fn a_claim_failing_on_its_second_partition_destroys_the_first() {
     let mig = r.f.backend.mig();
     assert_eq!(mig.take_calls().len(), 2 * (7 + 4 + 3));
     // Someone makes a 4g.40gb at 0:4 on GPU 2 by hand.
-    use dra_driver_nvidia::mig::MigManager;
+    use dra_driver_nvidia::backend::mig::MigManager;
     let by_hand =
         r.f.backend
             .create_gpu_instance(&gpu2, 5, MigPlacement::new(0, 4))

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{MockBackend, derived_uuid};
 use crate::backend::{GpuInventory, MigDeviceInfo, MigMode, MigPlacement};
-use crate::mig::{GpuInstanceInfo, MigCall, MigCallKind, MigError, MigManager};
+use crate::backend::mig::{GpuInstanceInfo, MigCall, MigCallKind, MigError, MigManager};
 
 /// GPU instance IDs the mock hands out: 1 to 14, the range NVML uses on A100 and H100.
 const GPU_INSTANCE_IDS: std::ops::RangeInclusive<u32> = 1..=14;
@@ -350,7 +350,7 @@ impl MigManager for MockBackend {
             gpu_uuid,
             &operation,
         )?;
-        let toggles = crate::mig::can_toggle_mig_mode(gpu.info.cuda_compute_capability);
+        let toggles = crate::backend::mig::can_toggle_mig_mode(gpu.info.cuda_compute_capability);
         let busy = state.bare.keys().any(|(uuid, _)| uuid == gpu_uuid);
         let (mode, devices) = state.gpu(gpu);
         let Some(mode) = mode else {

@@ -1,20 +1,15 @@
-//! Dynamic MIG (gate `DynamicMIG`): MIG partitions published as partitionable devices and
-//! created at prepare.
+//! Changing MIG state (dynamic MIG, gate `DynamicMIG`): [`MigManager`] is the one trait that
+//! *changes* MIG state (create and destroy GPU and compute instances, MIG mode);
+//! [`GpuBackend`](super::GpuBackend) stays read-only. The mock backend and the NVML backend
+//! implement both.
 //!
-//! * [`MigManager`]: the one trait that *changes* MIG state (create and destroy GPU and
-//!   compute instances, MIG mode). [`GpuBackend`](crate::backend::GpuBackend) stays read-only;
-//!   the mock backend and the NVML backend implement both.
-//! * [`counters`]: what each MIG-capable GPU publishes: one counter set per GPU, the
-//!   consumption of each profile and placement and of the full GPU.
-//!
-//! The driver side (prepare, unprepare, rollback, start-up clean-up) is in
-//! `driver/dynamic_mig.rs`; the user documentation in `drivers/nvidia/docs/dynamic-mig.md`.
-
-pub mod counters;
+//! What a MIG-capable GPU publishes is in [`devices::counters`](crate::devices::counters); the
+//! driver side (prepare, unprepare, rollback, start-up clean-up) is in `driver/dynamic_mig.rs`;
+//! the user documentation in `drivers/nvidia/docs/dynamic-mig.md`.
 
 use std::fmt;
 
-use crate::backend::{BackendError, ComputeCapability, MigMode, MigPlacement};
+use super::{BackendError, ComputeCapability, MigMode, MigPlacement};
 
 /// Changes MIG state on a GPU. Every call is synchronous (NVML is); the driver runs them on
 /// a blocking thread, one GPU at a time.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::backend::BackendError;
+use super::BackendError;
 
 /// What went wrong on a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,13 +36,13 @@ impl fmt::Display for HealthEventKind {
 /// The text form (one line of a mock event file) is `<uuid> <kind>`:
 ///
 /// ```
-/// use dra_driver_nvidia::health::{HealthEvent, HealthEventKind};
+/// use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
 ///
 /// let event: HealthEvent = "GPU-4404041a-04cf-1ccf-9e70-f139a9b1e23c xid 79".parse()?;
 /// assert_eq!(event.kind, HealthEventKind::Xid(79));
 /// assert_eq!(event.to_string(), "GPU-4404041a-04cf-1ccf-9e70-f139a9b1e23c xid 79");
 /// assert!("GPU-1 xid seventy-nine".parse::<HealthEvent>().is_err());
-/// # Ok::<(), dra_driver_nvidia::health::EventParseError>(())
+/// # Ok::<(), dra_driver_nvidia::backend::events::EventParseError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::event::{HealthEvent, HealthEventStream};
 use crate::backend::BackendError;
+use crate::backend::events::{HealthEvent, HealthEventStream};
 
 /// How often a waiting stream looks at the event file.
 const FILE_POLL: Duration = Duration::from_millis(50);
@@ -21,7 +21,7 @@ const FILE_POLL: Duration = Duration::from_millis(50);
 /// ```
 /// use std::time::Duration;
 /// use dra_driver_nvidia::backend::{GpuBackend, mock::MockBackend};
-/// use dra_driver_nvidia::health::{HealthEvent, HealthEventKind};
+/// use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
 ///
 /// let backend = MockBackend::from_profile("workstation")?;
 /// let events = backend.events();
@@ -197,7 +197,7 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::health::HealthEventKind;
+    use crate::backend::events::HealthEventKind;
 
     #[test]
     fn injected_events_reach_every_stream() {
