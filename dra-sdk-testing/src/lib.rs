@@ -29,6 +29,9 @@
 //! ```
 #![deny(missing_docs)]
 
+mod assertions;
+pub use assertions::assert_contains;
+
 pub mod apiserver;
 mod cdi_check;
 pub mod claims;

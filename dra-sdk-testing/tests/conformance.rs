@@ -3,6 +3,7 @@
 //! their defect, and the report names it.
 
 use dra_sdk::health::DeviceState;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::conformance::{Case, Conformance, Outcome, Report};
 
@@ -62,10 +63,7 @@ async fn a_driver_leaving_cdi_specs_behind_fails_the_cdi_case() {
     );
     let panic = std::panic::catch_unwind(|| report.assert_passed()).unwrap_err();
     let panic = panic.downcast_ref::<String>().unwrap();
-    assert!(
-        panic.contains("cdi-specs: spec files written by prepare"),
-        "{panic}"
-    );
+    assert_contains(&panic, "cdi-specs: spec files written by prepare");
 }
 
 #[tokio::test]
@@ -221,9 +219,9 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         message.contains(r#"pool "broken", device "gpu-9", taints: has 5 taints; at most 4 are allowed on Kubernetes 1.34"#),
         "{message}"
     );
-    assert!(
-        message.contains(r#"attributes["vlans"].ints: needs Kubernetes 1.36 or newer"#),
-        "{message}"
+    assert_contains(
+        &message,
+        r#"attributes["vlans"].ints: needs Kubernetes 1.36 or newer"#,
     );
     assert_eq!(report.cases.len(), 2);
     plugin.shutdown().await.unwrap();
@@ -495,10 +493,7 @@ fn failure(report: &Report, case: Case) -> String {
 async fn a_non_idempotent_prepare_is_caught() {
     let report = run_against_raw(raw::Flaw::NonIdempotent).await;
     let message = failure(&report, Case::PrepareIdempotent);
-    assert!(
-        message.contains("prepare #2 of the same claim answered"),
-        "{message}"
-    );
+    assert_contains(&message, "prepare #2 of the same claim answered");
     assert!(report.case(Case::Registration.name()).unwrap().outcome == Outcome::Passed);
 }
 
@@ -506,10 +501,7 @@ async fn a_non_idempotent_prepare_is_caught() {
 async fn a_plugin_dropping_answers_is_caught() {
     let report = run_against_raw(raw::Flaw::DropsUnknownClaims).await;
     let message = failure(&report, Case::EveryClaimAnswered);
-    assert!(
-        message.contains("no answer for requested claim"),
-        "{message}"
-    );
+    assert_contains(&message, "no answer for requested claim");
     // Everything else about this plugin is right.
     let failed: Vec<&str> = report.failures().map(|c| c.name).collect();
     assert_eq!(failed, ["every-claim-answered"], "{report}");
@@ -519,9 +511,9 @@ async fn a_plugin_dropping_answers_is_caught() {
 async fn a_bad_config_failing_the_whole_batch_is_caught() {
     let report = run_against_raw(raw::Flaw::FailsWholeBatch).await;
     let message = failure(&report, Case::BadConfigIsolated);
-    assert!(
-        message.contains("the claim without config failed because of the others in its batch"),
-        "{message}"
+    assert_contains(
+        &message,
+        "the claim without config failed because of the others in its batch",
     );
     // A missing claim in a batch is one bad claim too.
     let failed: Vec<&str> = report.failures().map(|c| c.name).collect();

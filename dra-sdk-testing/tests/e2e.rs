@@ -18,6 +18,7 @@ use dra_sdk::slices::{
     CapacityRequestPolicy, CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool,
     TaintEffect,
 };
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
 use dra_sdk_testing::e2e::{
     KubeletNode, RealCluster, Registration, ServedVersions, binaries_or_skip, suite::E2eSuite,
@@ -718,11 +719,9 @@ fn without_binaries_the_suite_says_it_is_skipped() {
     );
     let required = run(true);
     assert!(!required.status.success());
-    assert!(
-        String::from_utf8_lossy(&required.stdout)
-            .contains("DRA_E2E_REQUIRED is set but DRA_E2E_K8S_BIN is not"),
-        "{}",
-        String::from_utf8_lossy(&required.stdout)
+    assert_contains(
+        &String::from_utf8_lossy(&required.stdout),
+        "DRA_E2E_REQUIRED is set but DRA_E2E_K8S_BIN is not",
     );
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
+use dra_sdk_testing::assert_contains;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -232,11 +233,7 @@ async fn stale_resource_version_conflicts() {
             .unwrap_err(),
     );
     assert!(err.is_conflict(), "{err:?}");
-    assert!(
-        err.message.contains("the object has been modified"),
-        "{}",
-        err.message
-    );
+    assert_contains(&err.message, "the object has been modified");
     let patch = json!({"metadata": {"resourceVersion": v1.resource_version()}, "spec": {"pool": {"generation": 4}}});
     let err = api_error(
         api.patch("s", &PatchParams::default(), &Patch::Merge(&patch))
@@ -324,11 +321,7 @@ async fn create_errors_are_api_statuses() {
             .unwrap_err(),
     );
     assert!(err.is_invalid());
-    assert!(
-        err.message.contains("metadata.name: Required value"),
-        "{}",
-        err.message
-    );
+    assert_contains(&err.message, "metadata.name: Required value");
 
     let mut invalid = slice("bad", "n1", "");
     invalid.spec.pool.resource_slice_count = 0;
@@ -661,11 +654,7 @@ async fn streaming_list_watch_mode() {
     .unwrap();
     let err = api_error(api.into_client().request_text(request).await.unwrap_err());
     assert!(err.is_invalid());
-    assert!(
-        err.message.contains("allowWatchBookmarks"),
-        "{}",
-        err.message
-    );
+    assert_contains(&err.message, "allowWatchBookmarks");
 }
 
 #[tokio::test]
@@ -836,12 +825,7 @@ async fn delete_preconditions_and_responses() {
             .unwrap_err(),
     );
     assert!(err.is_conflict());
-    assert!(
-        err.message
-            .contains("Precondition failed: UID in precondition"),
-        "{}",
-        err.message
-    );
+    assert_contains(&err.message, "Precondition failed: UID in precondition");
     let err = api_error(
         slices
             .delete(
@@ -978,11 +962,7 @@ async fn status_subresource_is_separate() {
             .unwrap_err(),
     );
     assert!(err.is_invalid());
-    assert!(
-        err.message.contains("spec: Invalid value"),
-        "{}",
-        err.message
-    );
+    assert_contains(&err.message, "spec: Invalid value");
 
     let mut status_only = replaced.clone();
     status_only.status = None;

@@ -9,6 +9,7 @@ use dra_sdk::advanced::checkpoint::{
     Checkpoint, ClaimChange, ClaimRecord, ClaimState, Corruption, FORMAT_VERSION,
     PreparedDeviceRecord,
 };
+use dra_sdk_testing::assert_contains;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -292,8 +293,8 @@ fn open_corrupt(bytes: &[u8]) -> Corruption {
     );
     assert!(!report.is_clean());
     assert!(checkpoint.records().unwrap().is_empty());
-    assert!(logs.contains("WARN"), "{logs}");
-    assert!(logs.contains("checkpoint is corrupt"), "{logs}");
+    assert_contains(&logs, "WARN");
+    assert_contains(&logs, "checkpoint is corrupt");
     assert!(logs.contains(&moved_name), "the log names the copy: {logs}");
 
     // A fresh checkpoint is in place and usable.
@@ -376,7 +377,7 @@ fn corruption_while_running_keeps_the_claims_in_memory() {
 
     let (record, logs) = with_logs(|| checkpoint.get("uid-1").unwrap());
     assert_eq!(record, Some(completed("c", "gpu-0")));
-    assert!(logs.contains("checkpoint is corrupt"), "{logs}");
+    assert_contains(&logs, "checkpoint is corrupt");
     let names = dir_entries(dir.path());
     assert_eq!(names.len(), 3, "{names:?}");
     assert!(
@@ -415,8 +416,8 @@ fn checkpoint_from_another_boot_is_discarded() {
     assert!(report.corrupt_moved_to.is_none());
     assert!(after_reboot.records().unwrap().is_empty());
     assert_eq!(after_reboot.get("uid-1").unwrap(), None);
-    assert!(logs.contains("INFO"), "{logs}");
-    assert!(logs.contains("another boot"), "{logs}");
+    assert_contains(&logs, "INFO");
+    assert_contains(&logs, "another boot");
     assert_eq!(
         file_json(after_reboot.path())["data"]["bootId"],
         "boot-after"

@@ -22,6 +22,7 @@ use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim, PreparedDevice, Reconc
 use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk::plugin::{KubeletPlugin, PluginError};
 use dra_sdk::slices::{DeviceTaint, DriverResources, TaintEffect};
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster, claim_ref, wait_for_devices};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -362,8 +363,8 @@ async fn typed_driver_state_is_read_updated_and_survives_a_restart() {
         restarts: String,
     }
     let error = prepared[0].decode_state::<Wrong>().unwrap_err().to_string();
-    assert!(error.contains(&claim.uid), "{error}");
-    assert!(error.contains("`restarts`"), "{error}");
+    assert_contains(&error, &claim.uid);
+    assert_contains(&error, "`restarts`");
 
     // The daemon restarts: the new state goes to the checkpoint.
     let restarted = DaemonState {
@@ -542,7 +543,7 @@ async fn extra_cdi_device_ids_reach_the_kubelet_after_the_sdks_own() {
     let claim = gpu_claim(&cluster, "bad-extra", &["gpu-0"]).await;
     let result = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
     let error = result[&claim.uid].as_ref().unwrap_err();
-    assert!(error.contains("not a qualified CDI name"), "{error}");
+    assert_contains(&error, "not a qualified CDI name");
     plugin.shutdown().await.unwrap();
 }
 

@@ -6,6 +6,7 @@
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::device_status::{DeviceStatus, DeviceStatusError, DeviceStatusWriter};
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault};
+use dra_sdk_testing::assert_contains;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -176,14 +177,8 @@ async fn a_refused_write_says_what_to_grant_and_changes_nothing() {
         "{error:?}"
     );
     let message = error.to_string();
-    assert!(
-        message.contains("`associated-node:patch` on resourceclaims/driver"),
-        "{message}"
-    );
-    assert!(
-        message.contains("resourceNames [net.example.com]"),
-        "{message}"
-    );
+    assert_contains(&message, "`associated-node:patch` on resourceclaims/driver");
+    assert_contains(&message, "resourceNames [net.example.com]");
     assert_eq!(drivers(&server), ["gpu.example.com/gpu-0"]);
     // Once granted, the same status is sent again (nothing was remembered as written).
     assert!(writer.apply(&claim, &[status]).await.unwrap());
@@ -461,7 +456,7 @@ async fn an_invalid_status_from_prepare_fails_the_claim() {
         .await
         .unwrap();
     let error = prepared[&claim.uid].as_ref().unwrap_err().to_string();
-    assert!(error.contains("networkData.ips[0]"), "{error}");
+    assert_contains(&error, "networkData.ips[0]");
     assert!(stored_devices(&running).is_empty());
 }
 

@@ -12,6 +12,7 @@ use clap::Parser;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
 use hyper_util::rt::TokioIo;
@@ -280,7 +281,7 @@ async fn a_lost_dra_socket_makes_healthz_503_and_the_probe_not_serving() {
 
     let (status, _, body) = http_get(http, "/healthz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("DRA socket"), "{body}");
+    assert_contains(&body, "DRA socket");
     for service in ["", DRA_SERVICES[0]] {
         assert_eq!(
             check(&tcp, service).await.unwrap().status(),
@@ -304,7 +305,7 @@ async fn a_lost_registration_socket_makes_healthz_503_and_the_probe_not_serving(
 
     let (status, _, body) = http_get(http, "/healthz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("registration socket"), "{body}");
+    assert_contains(&body, "registration socket");
     assert_eq!(
         check(&tcp, "").await.unwrap().status(),
         ServingStatus::NotServing

@@ -15,6 +15,7 @@ use dra_sdk::driver::{Driver, PluginEvent, PreparedClaim};
 use dra_sdk::health::{DeviceState, HealthStatus};
 use dra_sdk::plugin::KubeletPlugin;
 use dra_sdk_testing::apiserver::{Fault, Verb};
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
@@ -395,41 +396,13 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
         "configs of other drivers are ignored"
     );
     let error = |claim: &ClaimRef| result[&claim.uid].clone().unwrap_err();
-    assert!(
-        error(&missing).contains("default/missing not found"),
-        "{}",
-        error(&missing)
-    );
-    assert!(
-        error(&unallocated).contains("not allocated"),
-        "{}",
-        error(&unallocated)
-    );
-    assert!(
-        error(&replaced).contains("was replaced"),
-        "{}",
-        error(&replaced)
-    );
-    assert!(
-        error(&unknown_field).contains("sharin"),
-        "{}",
-        error(&unknown_field)
-    );
-    assert!(
-        error(&unknown_kind).contains("MigConfig"),
-        "{}",
-        error(&unknown_kind)
-    );
-    assert!(
-        error(&malformed).contains("opaque config #0"),
-        "{}",
-        error(&malformed)
-    );
-    assert!(
-        error(&wrong_type).contains("sharing"),
-        "{}",
-        error(&wrong_type)
-    );
+    assert_contains(&error(&missing), "default/missing not found");
+    assert_contains(&error(&unallocated), "not allocated");
+    assert_contains(&error(&replaced), "was replaced");
+    assert_contains(&error(&unknown_field), "sharin");
+    assert_contains(&error(&unknown_kind), "MigConfig");
+    assert_contains(&error(&malformed), "opaque config #0");
+    assert_contains(&error(&wrong_type), "sharing");
     // Only the two good claims reached the driver; failed ones left no spec behind.
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 2);
     assert_eq!(cdi_files(&s.cluster).len(), 2);
@@ -493,10 +466,7 @@ async fn a_driver_panic_fails_only_its_claim() {
         .unwrap();
     assert!(results[&good.uid].is_ok(), "{results:?}");
     let error = results[&panics.uid].as_ref().unwrap_err();
-    assert!(
-        error.contains("the driver panicked: simulated driver bug"),
-        "{error}"
-    );
+    assert_contains(&error, "the driver panicked: simulated driver bug");
 
     // The plugin keeps serving, the good claim is checkpointed (answered without the
     // driver), and the panicked one unprepares cleanly.
@@ -839,18 +809,12 @@ async fn healthz_and_metrics_are_served_over_http() {
     assert_eq!(status, 200, "{body}");
     let (status, body) = http_get(addr, "/metrics").await;
     assert_eq!(status, 200);
-    assert!(
-        body.contains("dra_prepare_claims_total{driver=\"gpu.example.com\"} 1"),
-        "{body}"
+    assert_contains(
+        &body,
+        "dra_prepare_claims_total{driver=\"gpu.example.com\"} 1",
     );
-    assert!(
-        body.contains("dra_prepared_claims{driver=\"gpu.example.com\"} 1"),
-        "{body}"
-    );
-    assert!(
-        body.contains("dra_prepare_claim_duration_seconds_bucket"),
-        "{body}"
-    );
+    assert_contains(&body, "dra_prepared_claims{driver=\"gpu.example.com\"} 1");
+    assert_contains(&body, "dra_prepare_claim_duration_seconds_bucket");
     plugin.shutdown().await.unwrap();
 }
 
@@ -867,7 +831,7 @@ async fn metrics_are_served_at_the_chosen_path_and_bad_paths_fail_the_start() {
     let addr = plugin.http_addr().unwrap();
     let (status, body) = http_get(addr, "/custom/metrics").await;
     assert_eq!(status, 200);
-    assert!(body.contains("dra_prepared_claims"), "{body}");
+    assert_contains(&body, "dra_prepared_claims");
     assert_eq!(http_get(addr, "/metrics").await.0, 404);
     assert_eq!(http_get(addr, "/healthz").await.0, 200);
     plugin.shutdown().await.unwrap();

@@ -9,6 +9,7 @@ use std::path::Path;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::slices::{Device, DriverResources, Pool};
 use dra_sdk_allocator::allocate_claim;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletVersion;
@@ -240,11 +241,9 @@ async fn a_claim_from_a_stale_pool_is_refused_and_no_device_goes_twice() {
     let refused = kubelet.prepare(std::slice::from_ref(&stale)).await.unwrap()[&stale.uid]
         .clone()
         .unwrap_err();
-    assert!(
-        refused.contains(&format!(
-            "pool {stale_pool:?}, which this plugin does not publish"
-        )),
-        "{refused}"
+    assert_contains(
+        &refused,
+        &format!("pool {stale_pool:?}, which this plugin does not publish"),
     );
     // The new gpu-0 goes to the claim the scheduler allocates from the new slices, once.
     let fresh = scheduled_claim(&cluster, "fresh").await;

@@ -17,6 +17,7 @@ use dra_sdk::slices::{
     TaintEffect,
 };
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
+use dra_sdk_testing::assert_contains;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams};
@@ -722,11 +723,11 @@ async fn metrics_and_unknown_node() {
     handle.register_metrics(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    assert!(
-        text.contains(r#"dra_resourceslice_creates_total{driver="gpu.example.com"} 1"#),
-        "{text}"
+    assert_contains(
+        &text,
+        r#"dra_resourceslice_creates_total{driver="gpu.example.com"} 1"#,
     );
-    assert!(text.contains("dra_resourceslice_errors_total"), "{text}");
+    assert_contains(&text, "dra_resourceslice_errors_total");
     assert_eq!(env.slices()[0].spec.node_name.as_deref(), Some("node-2"));
     handle.stop().await;
 }

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use clap::{CommandFactory as _, Parser as _};
 use dra_driver_nvidia::devices::device_classes;
 use dra_driver_nvidia::plugin::Cli;
+use dra_sdk_testing::assert_contains;
 // The image the chart deploys is checked here too: one test binary less to link.
 use dra_sdk_testing::deliverables::{chart as shared, dockerfile};
 use serde_json::Value;
@@ -103,7 +104,7 @@ fn every_rendered_object_is_valid_for_the_api_server() {
 fn the_defaults_are_refused_as_upstream() {
     let Some(helm) = helm_or_skip() else { return };
     let error = render(&helm, &[]).expect_err("the bare defaults rendered");
-    assert!(error.contains(OVERRIDE_NEEDED), "{error}");
+    assert_contains(&error, &OVERRIDE_NEEDED);
     // With GPUs off there is nothing to guard, and nothing to install.
     let documents = render(&helm, &["--set", "resources.gpus.enabled=false"]).unwrap();
     assert!(documents.is_empty(), "{documents:?}");
@@ -198,14 +199,8 @@ fn the_defaults_render_what_the_readme_lists() {
     assert_plugin_rules(find(&documents, "ClusterRole"));
     let policy = find(&documents, "ValidatingAdmissionPolicy");
     let text = policy.to_string();
-    assert!(
-        text.contains("authentication.kubernetes.io/node-name"),
-        "{text}"
-    );
-    assert!(
-        text.contains("s.spec.driver == \\\"gpu.nvidia.com\\\""),
-        "{text}"
-    );
+    assert_contains(&text, "authentication.kubernetes.io/node-name");
+    assert_contains(&text, "s.spec.driver == \\\"gpu.nvidia.com\\\"");
 }
 
 #[test]
@@ -248,7 +243,7 @@ fn mps_gets_a_role_for_its_daemon_deployments_in_the_release_namespace_only() {
             .is_some_and(|image| !image.is_empty())
     );
     let gates = env["FEATURE_GATES"]["value"].as_str().unwrap();
-    assert!(gates.contains("MPSSupport=true"), "{gates}");
+    assert_contains(&gates, "MPSSupport=true");
 }
 
 #[test]
@@ -534,7 +529,7 @@ fn unsupported_and_bad_values_fail_with_a_clear_message() {
     }
     let error = render_chart(&helm, &chart_dir(), RELEASE, "default", &ok)
         .expect_err("rendered into the default namespace");
-    assert!(error.contains("default namespace is refused"), "{error}");
+    assert_contains(&error, "default namespace is refused");
 }
 
 const DOCKERFILE: &str = "drivers/nvidia/Dockerfile";

@@ -10,6 +10,7 @@ use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
 use dra_driver_nvidia::host::FakeHostTree;
 use dra_sdk::advanced::slices::{KubernetesVersion, SliceLimits};
 use dra_sdk::slices::{AttributeValue, Device};
+use dra_sdk_testing::assert_contains;
 
 /// A GPU model as the reference gives it: name, PCI device ID, compute capability,
 /// architecture.
@@ -351,8 +352,8 @@ fn a_bad_profile_file_names_file_and_field() {
     let error = MockBackend::from_profile(path.to_str().unwrap()).unwrap_err();
     let message = error.to_string();
     assert!(matches!(error, ProfileError::Invalid { .. }), "{message}");
-    assert!(message.contains("broken.yaml"), "{message}");
-    assert!(message.contains("gpus[0].migMode"), "{message}");
+    assert_contains(&message, "broken.yaml");
+    assert_contains(&message, "gpus[0].migMode");
 
     std::fs::write(&path, "driverVersion: [\n").unwrap();
     let error = MockBackend::from_profile(path.to_str().unwrap()).unwrap_err();
@@ -363,7 +364,7 @@ fn a_bad_profile_file_names_file_and_field() {
     let message = MockBackend::from_profile(path.to_str().unwrap())
         .unwrap_err()
         .to_string();
-    assert!(message.contains("typo"), "{message}");
+    assert_contains(&message, "typo");
 }
 
 // ---- dynamic MIG: the counters against the reference tables ------------------------------

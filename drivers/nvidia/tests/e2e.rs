@@ -18,6 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::allocation_results;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
@@ -836,9 +837,9 @@ async fn gpu_demo_runs_against_the_real_cluster() {
             "{profile}: exit {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
             output.status
         );
-        assert!(
-            stdout.contains(&format!("mock machine {profile} on node {DEMO_NODE}")),
-            "{stdout}"
+        assert_contains(
+            &stdout,
+            &format!("mock machine {profile} on node {DEMO_NODE}"),
         );
         for expected in expected {
             assert!(

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
+use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::{TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
 use dra_driver_nvidia::plugin::NvidiaPlugin;
 use dra_sdk::health::HealthStatus;

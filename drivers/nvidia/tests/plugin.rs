@@ -7,6 +7,7 @@
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
 use dra_driver_nvidia::plugin::NvidiaPlugin;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NODE_NAME, NewClaim, TestCluster};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
@@ -177,7 +178,7 @@ async fn claims_from_the_guides_allocate_what_they_ask_for() {
             Some("device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0"),
         )
         .await;
-    assert!(error.contains("no device matches"), "{error}");
+    assert_contains(&error, "no device matches");
     let big = fixture
         .allocate(
             "thirty-nine-gig-mig",

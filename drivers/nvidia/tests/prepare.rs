@@ -14,6 +14,7 @@ use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost}
 use dra_sdk::advanced::cdi::Spec;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -517,18 +518,14 @@ async fn a_bad_config_fails_its_claim_only() {
         "{}",
         error(&wrong_kind)
     );
-    assert!(
-        error(&time_sliced).contains(
-            "GpuConfig (resource.nvidia.com/v1beta1) for gpu-5: \"TimeSlicing\" is selected as \
-             the GPU sharing strategy, but the \"TimeSlicingSettings\" feature gate is not enabled"
-        ),
-        "{}",
-        error(&time_sliced)
+    assert_contains(
+        &error(&time_sliced),
+        "GpuConfig (resource.nvidia.com/v1beta1) for gpu-5: \"TimeSlicing\" is selected as \
+             the GPU sharing strategy, but the \"TimeSlicingSettings\" feature gate is not enabled",
     );
-    assert!(
-        error(&typo).contains("unknown field `sharng` (did you mean `sharing`?)"),
-        "{}",
-        error(&typo)
+    assert_contains(
+        &error(&typo),
+        "unknown field `sharng` (did you mean `sharing`?)",
     );
     // Nothing of the failed claims stays reserved.
     assert_eq!(
@@ -729,7 +726,7 @@ async fn a_vfio_prepare_that_fails_after_binding_is_rolled_back() {
         .await
         .unwrap();
     let error = result[&claim.uid].clone().unwrap_err();
-    assert!(error.contains("device gpu-vfio-0: /dev/vfio/"), "{error}");
+    assert_contains(&error, "device gpu-vfio-0: /dev/vfio/");
     assert_eq!(r.f.bound_driver(&bus_ids[0]).as_deref(), Some("nvidia"));
     assert!(r.driver.prepared_devices().is_empty());
     // The kubelet's unprepare of the failed claim is a no-op.
@@ -940,11 +937,9 @@ async fn class_configs_are_matched_like_claim_configs() {
         .unwrap();
     assert!(result[&fine.uid].is_ok(), "{:?}", result[&fine.uid]);
     let error = result[&wrong.uid].clone().unwrap_err();
-    assert!(
-        error.contains(&format!(
-            "GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{name}\""
-        )),
-        "{error}"
+    assert_contains(
+        &error,
+        &format!("GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{name}\""),
     );
     r.shutdown().await;
 }
@@ -1022,7 +1017,7 @@ fn without_fuser_proc_tells_whether_the_gpu_is_busy() {
         .bind(&gpu.pci.bus_id, Some(gpu.minor))
         .unwrap_err()
         .to_string();
-    assert!(error.contains("is still in use"), "{error}");
+    assert_contains(&error, "is still in use");
     assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("nvidia"));
 
     std::fs::remove_file(&fd).unwrap();

@@ -12,6 +12,7 @@ use dra_driver_nvidia::driver::{
 };
 use dra_driver_nvidia::host::CommandOutput;
 use dra_sdk::claim::ClaimRef;
+use dra_sdk_testing::assert_contains;
 use fixture::*;
 
 fn vfio_state(device: &str, binding: dra_driver_nvidia::driver::VfioBinding) -> ClaimState {
@@ -132,8 +133,8 @@ fn half_of_gpu1(gpu1: &GpuInventory, uuid: &str) -> MigInstance {
 
 #[test]
 fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
-    use dra_driver_nvidia::backend::{GpuBackend, MigMode};
     use dra_driver_nvidia::backend::mig::MigCall;
+    use dra_driver_nvidia::backend::{GpuBackend, MigMode};
 
     let f = Fixture::new("dgx-a100");
     let mig = f.backend.mig();
@@ -197,7 +198,7 @@ fn dynamic_mig_destroys_orphans_except_on_gpus_waiting_for_a_reset() {
     assert_eq!(report.mig.kept.len(), 3);
     for kept in &report.mig.kept {
         assert_eq!(kept.instance.gpu, gpu2.info.uuid);
-        assert!(kept.reason.contains("waits for a reset"), "{}", kept.reason);
+        assert_contains(&kept.reason, "waits for a reset");
     }
     assert!(f.backend.mig_devices(&gpu0.info.uuid).unwrap().is_empty());
     let left = f.backend.mig_devices(&gpu1.info.uuid).unwrap();

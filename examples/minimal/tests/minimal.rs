@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NewClaim, TestCluster, wait_for};
 use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -94,11 +95,8 @@ async fn the_binary_publishes_registers_and_prepares_a_claim() {
 
     // What the container runtime would read: the claim's CDI spec carries the env.
     let specs = cdi_specs(&cluster.cdi_root());
-    assert!(specs.contains("ACCELERATOR_ACC_1=acc-1"), "{specs}");
-    assert!(
-        specs.contains("ACCELERATOR_ACC_1_POWER_MODE=LowPower"),
-        "{specs}"
-    );
+    assert_contains(&specs, "ACCELERATOR_ACC_1=acc-1");
+    assert_contains(&specs, "ACCELERATOR_ACC_1_POWER_MODE=LowPower");
 
     // A config the driver rejects fails that claim alone, with a message naming the field.
     cluster
@@ -120,7 +118,7 @@ async fn the_binary_publishes_registers_and_prepares_a_claim() {
     let bad = cluster.allocate("default", "bad").await.unwrap();
     let outcomes = kubelet.prepare(std::slice::from_ref(&bad)).await.unwrap();
     let error = outcomes[&bad.uid].as_ref().unwrap_err();
-    assert!(error.contains("powerMode"), "{error}");
+    assert_contains(&error, "powerMode");
 
     let unprepared = kubelet.unprepare(&[claim]).await.unwrap();
     assert!(unprepared.values().all(Result::is_ok), "{unprepared:?}");

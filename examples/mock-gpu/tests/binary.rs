@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::process::{Child, Command};
 
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, wait_for};
 use dra_sdk_testing::kubelet::{KubeletSimulator, KubeletVersion};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -127,7 +128,7 @@ fn too_many_partitions_are_refused_naming_the_flag() {
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("--gpu-partitions"), "{stderr}");
+    assert_contains(&stderr, "--gpu-partitions");
     let help = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
         .arg("--help")
         .output()

@@ -12,6 +12,7 @@
 
 /// The chart checks on a real API server every driver's chart e2e test shares.
 mod support;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::deliverables::chart_cluster as shared_e2e;
 
 use std::path::Path;
@@ -160,7 +161,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     );
     // The same grant does not reach a claim allocated on another node.
     let refused = status_write_on_node_2(&admin, &namespace, &kubeconfig).await;
-    assert!(refused.contains("arbitrary-node:patch"), "{refused}");
+    assert_contains(&refused, "arbitrary-node:patch");
 
     // The policy: the same token may not touch node-2's slices or another driver's.
     let as_plugin = client_from(&kubeconfig).await;
@@ -188,7 +189,7 @@ async fn the_chart_installs_and_confines_the_plugin_to_its_node() {
     let unbound = request_token(&admin, &namespace, &service_account, None).await;
     let unbound = client_from(&token_kubeconfig(&cluster, &unbound, "plugin-unbound")).await;
     let denied = write_denied(&unbound, &admin, slice("unbound", "node-1", DRIVER)).await;
-    assert!(denied.contains("the token has no node name"), "{denied}");
+    assert_contains(&denied, "the token has no node name");
 
     workload::delete_pods(
         &admin,

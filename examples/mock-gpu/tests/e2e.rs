@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_sdk::advanced::cdi::Spec;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::allocation_results;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
@@ -247,16 +248,14 @@ async fn the_demo_runs_against_the_real_cluster() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
-    assert!(
-        stdout.contains(
-            "summary: 4 of 4 claims allocated by the cluster's scheduler, 3 prepared, \
-             1 failed (bad-config at prepare, as expected), 4 unprepared, 0 CDI spec files left"
-        ),
-        "{stdout}"
+    assert_contains(
+        &stdout,
+        "summary: 4 of 4 claims allocated by the cluster's scheduler, 3 prepared, \
+             1 failed (bad-config at prepare, as expected), 4 unprepared, 0 CDI spec files left",
     );
-    assert!(
-        stdout.contains("unknown field `sharing.timeSlicingConfig.intervall`"),
-        "{stdout}"
+    assert_contains(
+        &stdout,
+        "unknown field `sharing.timeSlicingConfig.intervall`",
     );
     // Everything it created is gone.
     let client = cluster.client().await.unwrap();

@@ -2,12 +2,13 @@
 //! rollback on the mock backend, the capability nodes of the created instance, and the
 //! checkpoint records. Part of the `prepare` test binary (no binary of its own: link time).
 
-use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
 use dra_driver_nvidia::backend::mig::{MigCall, MigCallKind};
+use dra_driver_nvidia::backend::{GpuBackend, MigPlacement};
 use dra_driver_nvidia::sharing::ConsumableShares;
 use dra_sdk::advanced::checkpoint::Checkpoint;
 use dra_sdk::claim::RecordedClaim;
 use dra_sdk::driver::Driver;
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;
@@ -156,8 +157,8 @@ async fn a_half_created_partition_is_rolled_back() {
         .await;
     let result = r.prepare_one(&claim).await;
     let error = result.as_ref().unwrap_err();
-    assert!(error.contains("gpu-1-mig-1g10gb-19-2"), "{error}");
-    assert!(error.contains("Insufficient Resources"), "{error}");
+    assert_contains(&error, "gpu-1-mig-1g10gb-19-2");
+    assert_contains(&error, "Insufficient Resources");
     let [_, destroy_gi] = destroy(uuid, 1);
     assert_eq!(
         mig.take_calls(),
@@ -206,10 +207,10 @@ async fn a_claim_failing_on_its_second_partition_destroys_the_first() {
         .await;
     let result = r.prepare_one(&claim).await;
     let error = result.as_ref().unwrap_err();
-    assert!(error.contains("gpu-2-mig-3g40gb-9-0"), "{error}");
-    assert!(
-        error.contains("placement 0:4 of 3g.40gb is taken by GPU instance 1"),
-        "{error}"
+    assert_contains(&error, "gpu-2-mig-3g40gb-9-0");
+    assert_contains(
+        &error,
+        "placement 0:4 of 3g.40gb is taken by GPU instance 1",
     );
     let [destroy_ci, destroy_gi] = destroy(&gpu0, 1);
     // Ampere in MIG mode: the mode is never toggled.
@@ -252,7 +253,7 @@ async fn a_gpu_prepared_whole_is_not_split_and_the_other_way_round() {
     assert!(prepared.is_ok(), "{prepared:?}");
     let refused = r.prepare_one(&split).await;
     let error = refused.as_ref().unwrap_err();
-    assert!(error.contains("its GPU gpu-5 is prepared whole"), "{error}");
+    assert_contains(&error, "its GPU gpu-5 is prepared whole");
     assert!(r.f.backend.mig().calls().is_empty());
 
     // Split first: the whole GPU is refused (MIG mode is on now, so it is not even there).
@@ -366,18 +367,13 @@ async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() 
     assert_eq!(r.driver.shared_devices()[device], holders);
 
     let error = r.prepare_one(&other_config).await.unwrap_err();
-    assert!(
-        error.contains(&format!(
-            "conflicting configuration: device {device} is shared with claim default/"
-        )),
-        "{error}"
+    assert_contains(
+        &error,
+        &format!("conflicting configuration: device {device} is shared with claim default/"),
     );
     // The GPU is in MIG mode now: its full GPU is not there to share.
     let error = r.prepare_one(&whole).await.unwrap_err();
-    assert!(
-        error.contains("gpu-2: no such device on this node now"),
-        "{error}"
-    );
+    assert_contains(&error, "gpu-2: no such device on this node now");
     // The other way round: a GPU shared whole is not split for a partition's share.
     let shared_whole = r.claim(whole_share("shared-whole", "gpu-5")).await;
     let split = r
@@ -390,9 +386,9 @@ async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() 
         .await;
     assert!(r.prepare_one(&shared_whole).await.is_ok());
     let error = r.prepare_one(&split).await.unwrap_err();
-    assert!(
-        error.contains("its GPU gpu-5 is prepared whole for claim default/shared-whole"),
-        "{error}"
+    assert_contains(
+        &error,
+        "its GPU gpu-5 is prepared whole for claim default/shared-whole",
     );
     r.unprepare_one(&shared_whole).await.unwrap();
     assert!(mig.take_calls().is_empty());

@@ -11,6 +11,7 @@ use dra_driver_nvidia::driver::ClaimState;
 use dra_driver_nvidia::host::{Host, ProcessId};
 use dra_driver_nvidia::sharing::{AppliedSharing, ConsumableShares, MpsDaemonRecord, MpsSettings};
 use dra_sdk::advanced::checkpoint::{Checkpoint, ClaimRecord};
+use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;
@@ -192,15 +193,15 @@ async fn time_slicing_on_a_shared_gpu_is_reset_only_when_its_last_claim_goes() {
     // Another interval, or the GPU alone: refused, naming the holder; nothing run.
     r.f.host.clear_events();
     let error = prepare_one(&r, &short).await.unwrap_err();
-    assert!(
-        error.contains("conflicting configuration: device gpu-3 is shared with claim default/"),
-        "{error}"
+    assert_contains(
+        &error,
+        "conflicting configuration: device gpu-3 is shared with claim default/",
     );
-    assert!(error.contains("\"interval\":\"Long\""), "{error}");
+    assert_contains(&error, "\"interval\":\"Long\"");
     let error = prepare_one(&r, &exclusive).await.unwrap_err();
-    assert!(
-        error.contains("device gpu-3: it is prepared as a consumable share for claim default/"),
-        "{error}"
+    assert_contains(
+        &error,
+        "device gpu-3: it is prepared as a consumable share for claim default/",
     );
     assert_eq!(r.f.host.events(), []);
 
@@ -241,13 +242,13 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
         ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
-    assert!(
-        error.contains(&format!(
+    assert_contains(
+        &error,
+        &format!(
             "device gpu-1: `{} -i {gpu} -c DEFAULT` failed (exit status 2): Unable to set the \
              compute mode for GPU: Insufficient Permissions",
             tool(&r.f, "nvidia-smi")
-        )),
-        "{error}"
+        ),
     );
     assert!(r.driver.prepared_devices().is_empty());
     r.shutdown().await;
@@ -262,12 +263,10 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
         ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
-    assert!(
-        error.contains(
-            "\"MPS\" is selected as the GPU sharing strategy, but the \"MPSSupport\" feature \
-             gate is not enabled"
-        ),
-        "{error}"
+    assert_contains(
+        &error,
+        "\"MPS\" is selected as the GPU sharing strategy, but the \"MPSSupport\" feature \
+             gate is not enabled",
     );
     assert_eq!(r.f.host.events(), []);
     r.shutdown().await;
@@ -544,17 +543,15 @@ async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
         ))
         .await;
     let error = prepare_one(&r, &too_small).await.unwrap_err();
-    assert!(
-        error.contains(
-            "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 512Ki"
-        ),
-        "{error}"
+    assert_contains(
+        &error,
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 512Ki",
     );
     assert_eq!(r.f.host.events(), [], "nothing touched for a bad config");
 
     let dies = r.claim(mps("dies", json!({}))).await;
     let error = prepare_one(&r, &dies).await.unwrap_err();
-    assert!(error.contains("exited before it was ready"), "{error}");
+    assert_contains(&error, "exited before it was ready");
     let gpu = uuid(&r.f, 4);
     let events = r.f.host.events();
     // Set up, then undone: the tmpfs unmounted and the compute mode reset.
@@ -619,12 +616,10 @@ async fn mps_is_refused_with_consumable_shares() {
         ))
         .await;
     let error = prepare_one(&r, &claim).await.unwrap_err();
-    assert!(
-        error.contains(
-            "sharing.strategy: MPS cannot be used with consumable shares \
-             (--consumable-shares=unlimited)"
-        ),
-        "{error}"
+    assert_contains(
+        &error,
+        "sharing.strategy: MPS cannot be used with consumable shares \
+             (--consumable-shares=unlimited)",
     );
     assert_eq!(r.f.host.events(), []);
     r.shutdown().await;
