@@ -13,6 +13,7 @@
 //!   manager, kubelet) a user brings, and [`cri`], the container runtime double those kubelets
 //!   run on, checked against a real kubelet's recorded CRI conversation ([`recordings`]);
 //! - [`sample_driver`]: a small GPU driver the SDK's own tests, benches and tools share;
+//! - [`demo`]: the runner of a driver's end-to-end demo (embedded cluster or a real one);
 //! - [`deliverables`]: checks of what a driver repository ships (Helm charts, Dockerfiles,
 //!   resident memory of the plugin process).
 //!
@@ -39,6 +40,7 @@ pub mod cluster;
 pub mod conformance;
 pub mod cri;
 pub mod deliverables;
+pub mod demo;
 pub mod e2e;
 pub mod kubelet;
 pub mod recordings;

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser as _;
 use criterion::{Criterion, criterion_group, criterion_main};
-use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
+use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::TAINT_XID;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};

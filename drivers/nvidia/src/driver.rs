@@ -86,6 +86,7 @@ pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
 use reservations::{PCI_KEY_PREFIX, Reservations, pci_key};
 use undo::UndoLog;
 
+use crate::backend::mig::MigManager;
 use crate::backend::{GpuBackend, GpuInfo, MigDeviceInfo};
 use crate::cdi::{CdiEdits, DriverRoot};
 use crate::config::{
@@ -95,7 +96,6 @@ use crate::config::{
 use crate::devices::{Discovery, DiscoveryOptions, NodeDevice};
 use crate::health::{HealthMonitor, HealthPolicy};
 use crate::host::{Host, SystemHost};
-use crate::backend::mig::MigManager;
 use crate::sharing::mps::{DeploymentRunner, MpsDeploymentConfig};
 use crate::sharing::{AppliedSharing, ConsumableShares, MpsRunner, MpsSettings, SharedAllocation};
 

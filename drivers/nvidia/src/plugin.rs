@@ -26,6 +26,8 @@ use dra_sdk::cdi::{CdiError, Kind};
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::slices::DriverResources;
 
+use crate::backend::mig::MigManager;
+use crate::backend::mock::MockEvents;
 use crate::backend::mock::{MockBackend, ProfileError};
 use crate::backend::{BackendError, GpuBackend};
 use crate::cdi::DriverRoot;
@@ -33,9 +35,7 @@ use crate::config::{FeatureGate, FeatureGates};
 use crate::devices::{Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::NvidiaDriver;
 use crate::health::{HealthPolicy, XidListError, parse_xids};
-use crate::backend::mock::MockEvents;
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
-use crate::backend::mig::MigManager;
 use crate::sharing::mps::MpsDeploymentConfig;
 use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 

@@ -22,13 +22,13 @@ async fn dgx_a100_walks_every_guide_step() {
     assert_eq!(report.prepared, 5, "{}", report.text);
     assert_eq!(report.unprepared, 6, "{}", report.text);
     assert_eq!(report.failed.len(), 1, "{}", report.text);
-    assert_eq!(report.failed[0].0, WRONG_TYPE_CLAIM);
-    assert!(report.failed[0].1.contains(WRONG_TYPE_ERROR));
+    assert_eq!(report.failed[0].claim, WRONG_TYPE_CLAIM);
+    assert!(report.failed[0].message.contains(WRONG_TYPE_ERROR));
     assert_eq!(report.cdi_files_left, 0);
     assert!(
-        report.shared_uuids[0].starts_with("GPU-"),
+        report.extra.shared_uuids[0].starts_with("GPU-"),
         "{:?}",
-        report.shared_uuids
+        report.extra.shared_uuids
     );
     for expected in [
         "gpu.nvidia.com: device.driver == 'gpu.nvidia.com'",
@@ -60,7 +60,7 @@ async fn dgx_h100_leaves_the_mig_steps_out() {
     );
     assert_eq!(report.claims, 3, "{}", report.text);
     assert_eq!(report.prepared, 3, "{}", report.text);
-    assert!(!report.mig_steps);
+    assert!(!report.extra.mig_steps);
     assert!(
         report.problems().is_empty(),
         "{:?}\n{}",
@@ -79,7 +79,12 @@ async fn machines_with_one_full_gpu_run_what_fits_and_say_what_not() {
             report.problems(),
             report.text
         );
-        let left: Vec<&str> = report.skipped.iter().map(|s| s.claim.as_str()).collect();
+        let left: Vec<&str> = report
+            .extra
+            .skipped
+            .iter()
+            .map(|s| s.claim.as_str())
+            .collect();
         assert!(left.contains(&"by-memory"), "{profile}: {left:?}");
         assert!(left.contains(&"by-product"), "{profile}: {left:?}");
         assert!(
@@ -89,8 +94,8 @@ async fn machines_with_one_full_gpu_run_what_fits_and_say_what_not() {
             "{profile}:\n{}",
             report.text
         );
-        assert_eq!(report.shared_uuids.len(), 2, "{profile}");
-        assert_eq!(report.mig_steps, mig, "{profile}");
+        assert_eq!(report.extra.shared_uuids.len(), 2, "{profile}");
+        assert_eq!(report.extra.mig_steps, mig, "{profile}");
         // mixed: the shared T4, and the A100's MIG slices for the template, profile and
         // wrong-type steps; workstation: the T4 only.
         let expected = if mig { 4 } else { 1 };

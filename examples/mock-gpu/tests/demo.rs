@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use mock_gpu::demo::{
     AllocationMode, BAD_CONFIG_CLAIM, BAD_CONFIG_ERROR, ClaimFailure, DemoFailed, DemoOptions,
-    DemoReport, Step, Target,
+    DemoReport, Step, Target, bad_config_failure,
 };
 
 const SUCCESS: &str = "4 of 4 claims allocated by the demo's allocator, 3 prepared, 1 failed \
@@ -282,8 +282,10 @@ fn report(failed: Vec<ClaimFailure>, cdi_files_left: usize) -> DemoReport {
         prepared: 4 - failed.len(),
         unprepared: 4,
         failed,
+        expected_failures: [(BAD_CONFIG_CLAIM.to_owned(), bad_config_failure())].into(),
         cdi_files_left,
         allocation: AllocationMode::Scheduler,
+        extra: (),
         text: String::new(),
     }
 }

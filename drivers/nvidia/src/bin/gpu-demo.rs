@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use dra_driver_nvidia::demo::{DEFAULT_PROFILE, DemoError, Target, run_on};
+use dra_driver_nvidia::demo::{
+    AllocationMode, DEFAULT_PROFILE, DemoError, RunOptions, Target, run_on,
+};
 
 /// Run the NVIDIA GPU DRA plugin on a mock machine: DeviceClasses, a MIG slice from a
 /// ResourceClaimTemplate, one GPU shared by two containers, CEL selectors on productName,
@@ -36,7 +38,8 @@ struct Cli {
     /// With --kubeconfig: the namespace of the demo's claims, template and pods.
     #[arg(long, default_value = "default", requires = "kubeconfig")]
     namespace: String,
-    /// With --kubeconfig: seconds to wait for each claim's allocation by the scheduler.
+    /// With --kubeconfig: seconds each wait for the cluster may take: each claim's allocation
+    /// by the scheduler, the pods' and the claims' deletion.
     #[arg(
         long,
         value_name = "SECONDS",
@@ -65,7 +68,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match run_on(&cli.mock_profile, target, true).await {
+    let mut options = RunOptions::new(target);
+    options.timeout = Duration::from_secs(cli.timeout);
+    match run_on(&cli.mock_profile, options).await {
         Ok(report) if report.problems().is_empty() => ExitCode::SUCCESS,
         Ok(report) => {
             eprintln!(
@@ -81,23 +86,16 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The embedded cluster, or the API server of `--kubeconfig`.
+/// The embedded cluster, or the API server of `--kubeconfig`, whose scheduler allocates.
 async fn target(cli: &Cli) -> Result<Target, DemoError> {
     let (Some(path), Some(node)) = (&cli.kubeconfig, &cli.node_name) else {
         return Ok(Target::Embedded);
     };
-    let setup =
-        |error: String| DemoError::Setup(format!("--kubeconfig {}: {error}", path.display()));
-    let kubeconfig =
-        kube::config::Kubeconfig::read_from(path).map_err(|error| setup(error.to_string()))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .map_err(|error| setup(error.to_string()))?;
-    let client = kube::Client::try_from(config).map_err(|error| setup(error.to_string()))?;
-    Ok(Target::Cluster {
-        client,
-        node: node.clone(),
-        namespace: cli.namespace.clone(),
-        timeout: Duration::from_secs(cli.timeout),
-    })
+    Target::from_kubeconfig(
+        path,
+        Some(node.clone()),
+        cli.namespace.clone(),
+        AllocationMode::Scheduler,
+    )
+    .await
 }

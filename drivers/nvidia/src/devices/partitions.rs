@@ -27,9 +27,9 @@ use std::collections::BTreeMap;
 use dra_sdk::slices::{CounterSet, Device};
 
 use super::{GpuCommon, MigAttributes, mig_device_name};
+use crate::backend::mig::{can_toggle_mig_mode, needs_reset};
 use crate::backend::{GpuInfo, GpuInventory, MigMode, MigPlacement, MigProfileInfo};
 use crate::devices::counters::{counter_set_name, gpu_counters, partition_consumption};
-use crate::backend::mig::{can_toggle_mig_mode, needs_reset};
 
 /// The pool of a partitionable GPU: `<node>/gpu-<minor>`.
 pub fn partition_pool_name(node_name: &str, minor: u32) -> String {

@@ -46,9 +46,9 @@ use dra_sdk::claim::DriverError;
 use serde::{Deserialize, Serialize};
 
 use super::{ClaimState, Inner, PreparedKind, device_error};
+use crate::backend::mig::{MigError, MigManager, can_toggle_mig_mode, needs_reset};
 use crate::backend::{GpuInfo, MigPlacement, MigProfileInfo};
 use crate::devices::MigPartition;
-use crate::backend::mig::{MigError, MigManager, can_toggle_mig_mode, needs_reset};
 
 /// A MIG partition prepared for a claim: what unprepare destroys. The `driver_state` entry
 /// of the device, with `"type": "migdyn"`.

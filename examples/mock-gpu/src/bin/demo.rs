@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use mock_gpu::DEFAULT_DRIVER_NAME;
 use mock_gpu::demo::{AllocationMode, DEFAULT_TIMEOUT, DemoOptions, Target};
@@ -52,8 +52,9 @@ async fn main() -> std::process::ExitCode {
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            // The report is on stdout already; this says what went wrong.
-            eprintln!("mock-gpu-demo: {error:#}");
+            // The report is on stdout already; this says what went wrong. The demo's errors
+            // name their causes in their own message: `{error:#}` would repeat them.
+            eprintln!("mock-gpu-demo: {error}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -70,17 +71,8 @@ async fn run() -> Result<()> {
     let (target, default_driver) = match &cli.kubeconfig {
         None => (Target::Embedded, DEFAULT_DRIVER_NAME.to_owned()),
         Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .with_context(|| format!("loading {}", path.display()))?;
-            let target = Target::Cluster {
-                client: kube::Client::try_from(config).context("creating the API client")?,
-                node_name: cli.node_name,
-                namespace: cli.namespace,
-                allocation: cli.allocate,
-            };
+            let target =
+                Target::from_kubeconfig(path, cli.node_name, cli.namespace, cli.allocate).await?;
             (target, format!("demo.{DEFAULT_DRIVER_NAME}"))
         }
     };

@@ -11,8 +11,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{MockBackend, derived_uuid};
-use crate::backend::{GpuInventory, MigDeviceInfo, MigMode, MigPlacement};
 use crate::backend::mig::{GpuInstanceInfo, MigCall, MigCallKind, MigError, MigManager};
+use crate::backend::{GpuInventory, MigDeviceInfo, MigMode, MigPlacement};
 
 /// GPU instance IDs the mock hands out: 1 to 14, the range NVML uses on A100 and H100.
 const GPU_INSTANCE_IDS: std::ops::RangeInclusive<u32> = 1..=14;

@@ -14,8 +14,8 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use super::MigLib;
-use crate::backend::{MigMode, MigPlacement};
 use crate::backend::mig::{GpuInstanceInfo, MigError};
+use crate::backend::{MigMode, MigPlacement};
 
 /// Most GPU instances one GPU holds (7 on A100/H100); room for more.
 const MAX_INSTANCES: usize = 32;
