@@ -14,6 +14,7 @@
 //!   run on, checked against a real kubelet's recorded CRI conversation ([`recordings`]);
 //! - [`sample_driver`]: a small GPU driver the SDK's own tests, benches and tools share;
 //! - [`demo`]: the runner of a driver's end-to-end demo (embedded cluster or a real one);
+//! - [`bench`]: latency percentiles and the timed loops the benches share;
 //! - [`deliverables`]: checks of what a driver repository ships (Helm charts, Dockerfiles,
 //!   resident memory of the plugin process).
 //!
@@ -34,6 +35,7 @@ mod assertions;
 pub use assertions::assert_contains;
 
 pub mod apiserver;
+pub mod bench;
 mod cdi_check;
 pub mod claims;
 pub mod cluster;

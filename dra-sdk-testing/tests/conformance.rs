@@ -63,7 +63,7 @@ async fn a_driver_leaving_cdi_specs_behind_fails_the_cdi_case() {
     );
     let panic = std::panic::catch_unwind(|| report.assert_passed()).unwrap_err();
     let panic = panic.downcast_ref::<String>().unwrap();
-    assert_contains(&panic, "cdi-specs: spec files written by prepare");
+    assert_contains(panic, "cdi-specs: spec files written by prepare");
 }
 
 #[tokio::test]
@@ -220,7 +220,7 @@ async fn invalid_slices_of_the_driver_fail_the_slices_case() {
         "{message}"
     );
     assert_contains(
-        &message,
+        message,
         r#"attributes["vlans"].ints: needs Kubernetes 1.36 or newer"#,
     );
     assert_eq!(report.cases.len(), 2);

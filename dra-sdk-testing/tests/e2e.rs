@@ -720,7 +720,7 @@ fn without_binaries_the_suite_says_it_is_skipped() {
     let required = run(true);
     assert!(!required.status.success());
     assert_contains(
-        &String::from_utf8_lossy(&required.stdout),
+        String::from_utf8_lossy(&required.stdout),
         "DRA_E2E_REQUIRED is set but DRA_E2E_K8S_BIN is not",
     );
 }

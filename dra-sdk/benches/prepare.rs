@@ -18,6 +18,7 @@ use dra_sdk::advanced::rate_limit::RateLimitLayer;
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk_testing::bench::{Latencies, sample, total_time};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -173,24 +174,13 @@ async fn shipped_client(kind: fn() -> ClientKind, label: &str) {
     }))
     .await;
     let wall = started.elapsed();
-    let (p50, p90) = p50_p90(sequential);
+    let (sequential, concurrent) = (Latencies::new(sequential), Latencies::new(concurrent));
+    let (p50, p90) = (sequential.at(0.5), sequential.at(0.9));
     println!("{label}: 80 sequential one-claim prepares: p50 {p50:?}, p90 {p90:?}");
-    let (p50, p90) = p50_p90(concurrent);
+    let (p50, p90) = (concurrent.at(0.5), concurrent.at(0.9));
     println!(
         "{label}: 64 concurrent one-claim prepares: p50 {p50:?}, p90 {p90:?}, all done in {wall:?}"
     );
-}
-
-fn p50_p90(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
-    (at(0.5), at(0.9))
-}
-
-fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
-    (at(0.5), at(0.99))
 }
 
 fn prepare(c: &mut Criterion) {
@@ -211,12 +201,10 @@ fn prepare(c: &mut Criterion) {
             b.to_async(&runtime).iter_custom(|iterations| {
                 let bench = Arc::clone(&bench);
                 async move {
-                    let mut bench = bench.lock().await;
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iterations {
-                        total += bench.prepare_batch(size).await;
-                    }
-                    total
+                    total_time(&bench, iterations, async |bench: &mut Bench| {
+                        bench.prepare_batch(size).await
+                    })
+                    .await
                 }
             })
         });
@@ -225,16 +213,10 @@ fn prepare(c: &mut Criterion) {
 
     // Percentiles criterion does not print.
     for (size, rounds) in [(1usize, 300), (100, 30)] {
-        let samples = runtime.block_on(async {
-            let mut bench = bench.lock().await;
-            let mut samples = Vec::with_capacity(rounds);
-            for _ in 0..rounds {
-                samples.push(bench.prepare_batch(size).await);
-            }
-            samples
-        });
-        let (p50, p99) = percentiles(samples);
-        println!("prepare batch of {size}: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)");
+        let latencies = runtime.block_on(sample(&bench, rounds, async |bench: &mut Bench| {
+            bench.prepare_batch(size).await
+        }));
+        println!("prepare batch of {size}: {latencies}");
     }
 
     runtime.block_on(shipped_client(

@@ -543,7 +543,7 @@ async fn extra_cdi_device_ids_reach_the_kubelet_after_the_sdks_own() {
     let claim = gpu_claim(&cluster, "bad-extra", &["gpu-0"]).await;
     let result = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
     let error = result[&claim.uid].as_ref().unwrap_err();
-    assert_contains(&error, "not a qualified CDI name");
+    assert_contains(error, "not a qualified CDI name");
     plugin.shutdown().await.unwrap();
 }
 

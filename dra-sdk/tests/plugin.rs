@@ -396,13 +396,13 @@ async fn a_batch_with_bad_claims_fails_only_those_claims() {
         "configs of other drivers are ignored"
     );
     let error = |claim: &ClaimRef| result[&claim.uid].clone().unwrap_err();
-    assert_contains(&error(&missing), "default/missing not found");
-    assert_contains(&error(&unallocated), "not allocated");
-    assert_contains(&error(&replaced), "was replaced");
-    assert_contains(&error(&unknown_field), "sharin");
-    assert_contains(&error(&unknown_kind), "MigConfig");
-    assert_contains(&error(&malformed), "opaque config #0");
-    assert_contains(&error(&wrong_type), "sharing");
+    assert_contains(error(&missing), "default/missing not found");
+    assert_contains(error(&unallocated), "not allocated");
+    assert_contains(error(&replaced), "was replaced");
+    assert_contains(error(&unknown_field), "sharin");
+    assert_contains(error(&unknown_kind), "MigConfig");
+    assert_contains(error(&malformed), "opaque config #0");
+    assert_contains(error(&wrong_type), "sharing");
     // Only the two good claims reached the driver; failed ones left no spec behind.
     assert_eq!(s.driver.prepares.load(Ordering::SeqCst), 2);
     assert_eq!(cdi_files(&s.cluster).len(), 2);
@@ -466,7 +466,7 @@ async fn a_driver_panic_fails_only_its_claim() {
         .unwrap();
     assert!(results[&good.uid].is_ok(), "{results:?}");
     let error = results[&panics.uid].as_ref().unwrap_err();
-    assert_contains(&error, "the driver panicked: simulated driver bug");
+    assert_contains(error, "the driver panicked: simulated driver bug");
 
     // The plugin keeps serving, the good claim is checkpointed (answered without the
     // driver), and the panicked one unprepares cleanly.

@@ -243,7 +243,7 @@ async fn a_claim_from_a_stale_pool_is_refused_and_no_device_goes_twice() {
         .unwrap_err();
     assert_contains(
         &refused,
-        &format!("pool {stale_pool:?}, which this plugin does not publish"),
+        format!("pool {stale_pool:?}, which this plugin does not publish"),
     );
     // The new gpu-0 goes to the claim the scheduler allocates from the new slices, once.
     let fresh = scheduled_claim(&cluster, "fresh").await;

@@ -23,6 +23,7 @@ use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::TAINT_XID;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
+use dra_sdk_testing::bench::{sample, total_time};
 use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use tokio::runtime::Runtime;
@@ -103,12 +104,6 @@ impl Bench {
     }
 }
 
-fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
-    (at(0.5), at(0.99))
-}
-
 fn health(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
     let bench = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start())));
@@ -122,12 +117,10 @@ fn health(c: &mut Criterion) {
         b.to_async(&runtime).iter_custom(|iterations| {
             let bench = Arc::clone(&bench);
             async move {
-                let mut bench = bench.lock().await;
-                let mut total = Duration::ZERO;
-                for _ in 0..iterations {
-                    total += bench.event_to_slice().await;
-                }
-                total
+                total_time(&bench, iterations, async |bench: &mut Bench| {
+                    bench.event_to_slice().await
+                })
+                .await
             }
         })
     });
@@ -135,16 +128,10 @@ fn health(c: &mut Criterion) {
 
     // Percentiles criterion does not print.
     let rounds = 100;
-    let samples = runtime.block_on(async {
-        let mut bench = bench.lock().await;
-        let mut samples = Vec::with_capacity(rounds);
-        for _ in 0..rounds {
-            samples.push(bench.event_to_slice().await);
-        }
-        samples
-    });
-    let (p50, p99) = percentiles(samples);
-    println!("health event to updated ResourceSlice: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)");
+    let latencies = runtime.block_on(sample(&bench, rounds, async |bench: &mut Bench| {
+        bench.event_to_slice().await
+    }));
+    println!("health event to updated ResourceSlice: {latencies}");
 }
 
 criterion_group!(benches, health);

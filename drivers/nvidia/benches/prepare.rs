@@ -24,6 +24,7 @@ use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
+use dra_sdk_testing::bench::{sample, total_time};
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{NODE_NAME, TestCluster};
 use dra_sdk_testing::kubelet::{KubeletVersion, RegisteredPlugin};
@@ -163,12 +164,6 @@ impl Bench {
     }
 }
 
-fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
-    samples.sort();
-    let at = |p: f64| samples[((samples.len() - 1) as f64 * p) as usize];
-    (at(0.5), at(0.99))
-}
-
 fn prepare(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
     let bench = Arc::new(tokio::sync::Mutex::new(
@@ -195,12 +190,10 @@ fn prepare(c: &mut Criterion) {
             b.to_async(&runtime).iter_custom(|iterations| {
                 let bench = bench_for(kind);
                 async move {
-                    let mut bench = bench.lock().await;
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iterations {
-                        total += bench.prepare_one(kind).await;
-                    }
-                    total
+                    total_time(&bench, iterations, async |bench: &mut Bench| {
+                        bench.prepare_one(kind).await
+                    })
+                    .await
                 }
             })
         });
@@ -211,22 +204,16 @@ fn prepare(c: &mut Criterion) {
     let rounds = 200;
     for kind in [FULL_GPU, MIG, DYNAMIC_MIG] {
         let bench = bench_for(kind);
-        let samples = runtime.block_on(async {
-            let mut bench = bench.lock().await;
-            let mut samples = Vec::with_capacity(rounds);
-            for _ in 0..rounds {
-                samples.push(bench.prepare_one(kind).await);
-            }
-            samples
-        });
-        let (p50, p99) = percentiles(samples);
+        let latencies = runtime.block_on(sample(&bench, rounds, async |bench: &mut Bench| {
+            bench.prepare_one(kind).await
+        }));
         let what = if kind.label == DYNAMIC_MIG.label {
             "prepare + unprepare"
         } else {
             "prepare"
         };
         println!(
-            "{what} of one {} claim: p50 {p50:?}, p99 {p99:?} ({rounds} rounds)",
+            "{what} of one {} claim: {latencies}",
             kind.label.replace('_', "-")
         );
     }

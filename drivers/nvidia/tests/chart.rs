@@ -104,7 +104,7 @@ fn every_rendered_object_is_valid_for_the_api_server() {
 fn the_defaults_are_refused_as_upstream() {
     let Some(helm) = helm_or_skip() else { return };
     let error = render(&helm, &[]).expect_err("the bare defaults rendered");
-    assert_contains(&error, &OVERRIDE_NEEDED);
+    assert_contains(&error, OVERRIDE_NEEDED);
     // With GPUs off there is nothing to guard, and nothing to install.
     let documents = render(&helm, &["--set", "resources.gpus.enabled=false"]).unwrap();
     assert!(documents.is_empty(), "{documents:?}");
@@ -243,7 +243,7 @@ fn mps_gets_a_role_for_its_daemon_deployments_in_the_release_namespace_only() {
             .is_some_and(|image| !image.is_empty())
     );
     let gates = env["FEATURE_GATES"]["value"].as_str().unwrap();
-    assert_contains(&gates, "MPSSupport=true");
+    assert_contains(gates, "MPSSupport=true");
 }
 
 #[test]

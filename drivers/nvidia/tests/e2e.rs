@@ -839,7 +839,7 @@ async fn gpu_demo_runs_against_the_real_cluster() {
         );
         assert_contains(
             &stdout,
-            &format!("mock machine {profile} on node {DEMO_NODE}"),
+            format!("mock machine {profile} on node {DEMO_NODE}"),
         );
         for expected in expected {
             assert!(

@@ -519,12 +519,12 @@ async fn a_bad_config_fails_its_claim_only() {
         error(&wrong_kind)
     );
     assert_contains(
-        &error(&time_sliced),
+        error(&time_sliced),
         "GpuConfig (resource.nvidia.com/v1beta1) for gpu-5: \"TimeSlicing\" is selected as \
              the GPU sharing strategy, but the \"TimeSlicingSettings\" feature gate is not enabled",
     );
     assert_contains(
-        &error(&typo),
+        error(&typo),
         "unknown field `sharng` (did you mean `sharing`?)",
     );
     // Nothing of the failed claims stays reserved.
@@ -939,7 +939,7 @@ async fn class_configs_are_matched_like_claim_configs() {
     let error = result[&wrong.uid].clone().unwrap_err();
     assert_contains(
         &error,
-        &format!("GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{name}\""),
+        format!("GpuConfig (resource.nvidia.com/v1beta1) cannot configure MIG device \"{name}\""),
     );
     r.shutdown().await;
 }

@@ -118,7 +118,7 @@ async fn the_binary_publishes_registers_and_prepares_a_claim() {
     let bad = cluster.allocate("default", "bad").await.unwrap();
     let outcomes = kubelet.prepare(std::slice::from_ref(&bad)).await.unwrap();
     let error = outcomes[&bad.uid].as_ref().unwrap_err();
-    assert_contains(&error, "powerMode");
+    assert_contains(error, "powerMode");
 
     let unprepared = kubelet.unprepare(&[claim]).await.unwrap();
     assert!(unprepared.values().all(Result::is_ok), "{unprepared:?}");

@@ -475,7 +475,7 @@ fn the_kind_config_has_two_nodes_cdi_and_known_gates() {
         .collect();
     assert_eq!(roles, ["control-plane", "worker"]);
     let patches = config["containerdConfigPatches"][0].as_str().unwrap();
-    assert_contains(&patches, "enable_cdi = true");
+    assert_contains(patches, "enable_cdi = true");
     // Every gate is a DRA gate of Kubernetes 1.36 (the e2e harness's list): no typos, none
     // that a 1.36 component would refuse to start with.
     let known = dra_sdk_testing::e2e::FEATURE_GATES;
@@ -809,7 +809,7 @@ fn install_driver_waits_for_the_nodes_the_daemonset_runs_on_not_every_node() {
     assert!(run.success, "{run:?}");
     let helm = run.calls.iter().find(|c| c.starts_with("helm ")).unwrap();
     for value in ["image.pullPolicy=Never", "--values", "--wait"] {
-        assert_contains(&helm, &value);
+        assert_contains(helm, value);
     }
     let polls = run
         .calls
@@ -987,8 +987,8 @@ fn build_image_builds_without_provenance_and_falls_back_to_ctr_import() {
         .iter()
         .find(|c| c.starts_with("docker buildx build"))
         .unwrap_or_else(|| panic!("no buildx build: {run:?}"));
-    assert_contains(&build, "--provenance=false");
-    assert_contains(&build, "--load");
+    assert_contains(build, "--provenance=false");
+    assert_contains(build, "--load");
     assert!(
         run.calls
             .iter()
@@ -1069,7 +1069,7 @@ fn create_cluster_requires_the_kind_release_that_built_the_node_image() {
         .iter()
         .find(|c| c.starts_with("kind create cluster"))
         .unwrap();
-    assert_contains(&create, "--image kindest/node:v1.36.1@sha256:");
+    assert_contains(create, "--image kindest/node:v1.36.1@sha256:");
 
     stubs.set("kind-version", "kind v0.31.0 go1.25.5 linux/amd64\n");
     stubs.set("calls", "");

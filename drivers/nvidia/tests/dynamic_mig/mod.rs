@@ -157,8 +157,8 @@ async fn a_half_created_partition_is_rolled_back() {
         .await;
     let result = r.prepare_one(&claim).await;
     let error = result.as_ref().unwrap_err();
-    assert_contains(&error, "gpu-1-mig-1g10gb-19-2");
-    assert_contains(&error, "Insufficient Resources");
+    assert_contains(error, "gpu-1-mig-1g10gb-19-2");
+    assert_contains(error, "Insufficient Resources");
     let [_, destroy_gi] = destroy(uuid, 1);
     assert_eq!(
         mig.take_calls(),
@@ -207,11 +207,8 @@ async fn a_claim_failing_on_its_second_partition_destroys_the_first() {
         .await;
     let result = r.prepare_one(&claim).await;
     let error = result.as_ref().unwrap_err();
-    assert_contains(&error, "gpu-2-mig-3g40gb-9-0");
-    assert_contains(
-        &error,
-        "placement 0:4 of 3g.40gb is taken by GPU instance 1",
-    );
+    assert_contains(error, "gpu-2-mig-3g40gb-9-0");
+    assert_contains(error, "placement 0:4 of 3g.40gb is taken by GPU instance 1");
     let [destroy_ci, destroy_gi] = destroy(&gpu0, 1);
     // Ampere in MIG mode: the mode is never toggled.
     assert_eq!(
@@ -253,7 +250,7 @@ async fn a_gpu_prepared_whole_is_not_split_and_the_other_way_round() {
     assert!(prepared.is_ok(), "{prepared:?}");
     let refused = r.prepare_one(&split).await;
     let error = refused.as_ref().unwrap_err();
-    assert_contains(&error, "its GPU gpu-5 is prepared whole");
+    assert_contains(error, "its GPU gpu-5 is prepared whole");
     assert!(r.f.backend.mig().calls().is_empty());
 
     // Split first: the whole GPU is refused (MIG mode is on now, so it is not even there).
@@ -369,7 +366,7 @@ async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() 
     let error = r.prepare_one(&other_config).await.unwrap_err();
     assert_contains(
         &error,
-        &format!("conflicting configuration: device {device} is shared with claim default/"),
+        format!("conflicting configuration: device {device} is shared with claim default/"),
     );
     // The GPU is in MIG mode now: its full GPU is not there to share.
     let error = r.prepare_one(&whole).await.unwrap_err();

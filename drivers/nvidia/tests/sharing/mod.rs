@@ -244,7 +244,7 @@ async fn time_slicing_needs_its_gate_and_a_failing_nvidia_smi_fails_the_claim() 
     let error = prepare_one(&r, &claim).await.unwrap_err();
     assert_contains(
         &error,
-        &format!(
+        format!(
             "device gpu-1: `{} -i {gpu} -c DEFAULT` failed (exit status 2): Unable to set the \
              compute mode for GPU: Insufficient Permissions",
             tool(&r.f, "nvidia-smi")
