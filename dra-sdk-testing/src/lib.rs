@@ -14,7 +14,7 @@
 //!   run on, checked against a real kubelet's recorded CRI conversation ([`recordings`]);
 //! - [`sample_driver`]: a small GPU driver the SDK's own tests, benches and tools share;
 //! - [`demo`]: the runner of a driver's end-to-end demo (embedded cluster or a real one);
-//! - [`bench`]: latency percentiles and the timed loops the benches share;
+//! - [`bench`](mod@bench): latency percentiles and the timed loops the benches share;
 //! - [`deliverables`]: checks of what a driver repository ships (Helm charts, Dockerfiles,
 //!   resident memory of the plugin process).
 //!

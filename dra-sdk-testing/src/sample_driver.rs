@@ -93,7 +93,7 @@ pub fn prepare_gpus(claim: &Claim<GpuConfig>) -> PreparedClaim {
                 .and_then(|config| config.sharing.clone())
                 .unwrap_or_else(|| "none".into());
             let edits = ContainerEdits::new()
-                .env(format!("GPU_{}", device.device.replace('-', "_")), "1")
+                .env(format!("GPU_{}", device.device.name.replace('-', "_")), "1")
                 .env("SHARING", sharing);
             PreparedDevice::new(device, edits)
         })
@@ -135,7 +135,7 @@ impl Driver for EnvDriver {
         let devices = claim
             .devices
             .iter()
-            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device)))
+            .map(|d| PreparedDevice::new(d, ContainerEdits::new().env("GPU", &d.device.name)))
             .collect();
         Ok(PreparedClaim::new(devices))
     }

@@ -72,9 +72,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::advanced::checkpoint::{Checkpoint, CheckpointError, ClaimRecord};
 use crate::claim::locks::ClaimLocks;
-use crate::claim::{ClaimRef, DriverError, DriverStateError, RecordedClaim};
+use crate::claim::{ClaimRef, DeviceRef, DriverError, DriverStateError, RecordedClaim};
 use crate::device_status::DeviceStatusWriter;
-use crate::health::{DeviceHealth, DeviceState, HealthReporter, HealthSource};
+use crate::health::{DeviceState, HealthReporter, HealthSource};
 use crate::slices::{DriverResources, SliceUpdater};
 
 tokio::task_local! {
@@ -155,7 +155,7 @@ struct Slices {
     /// The driver's resources, without state taints; `None` until something is published.
     base: Option<DriverResources>,
     /// Device states by (pool, device), in a stable order for the health stream.
-    states: BTreeMap<(String, String), DeviceState>,
+    states: BTreeMap<DeviceRef, DeviceState>,
     /// The running publisher, once the plugin started one.
     publisher: Option<SliceUpdater>,
     /// Set when the plugin finished starting without a publisher.
@@ -168,7 +168,7 @@ impl Slices {
         let mut resources = self.base.clone()?;
         for (pool_name, pool) in &mut resources.pools {
             for device in &mut pool.devices {
-                let Some(state) = self.states.get(&(pool_name.clone(), device.name.clone())) else {
+                let Some(state) = self.states.get(&DeviceRef::new(pool_name, &device.name)) else {
                     continue;
                 };
                 for taint in &state.taints {
@@ -282,7 +282,7 @@ impl DriverContext {
     /// ResourceSlices. Nothing is sent when nothing changed.
     pub fn set_device_state(&self, state: DeviceState) {
         let mut slices = self.slices();
-        let key = (state.health.pool.clone(), state.health.device.clone());
+        let key = state.device.clone();
         let previous = slices.states.insert(key, state.clone());
         if previous.as_ref() == Some(&state) {
             return;
@@ -301,12 +301,7 @@ impl DriverContext {
         let mut slices = self.slices();
         let states: BTreeMap<_, _> = states
             .into_iter()
-            .map(|state| {
-                (
-                    (state.health.pool.clone(), state.health.device.clone()),
-                    state,
-                )
-            })
+            .map(|state| (state.device.clone(), state))
             .collect();
         if states == slices.states {
             return;
@@ -326,7 +321,7 @@ impl DriverContext {
     /// loses its state taints.
     pub fn clear_device_state(&self, pool: &str, device: &str) {
         let mut slices = self.slices();
-        let Some(previous) = slices.states.remove(&(pool.to_owned(), device.to_owned())) else {
+        let Some(previous) = slices.states.remove(&DeviceRef::new(pool, device)) else {
             return;
         };
         self.publish_health(&slices);
@@ -341,11 +336,7 @@ impl DriverContext {
     }
 
     fn publish_health(&self, slices: &Slices) {
-        let health: Vec<DeviceHealth> = slices
-            .states
-            .values()
-            .map(|state| state.health.clone())
-            .collect();
+        let health: Vec<DeviceState> = slices.states.values().cloned().collect();
         self.inner.health.set(health);
     }
 

@@ -58,8 +58,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::claim::ClaimRef;
 use crate::claim::wire::{ClaimVersion, DiscoveryError, names_object};
+use crate::claim::{ClaimRef, DeviceRef};
 use crate::slices::ResourceApiVersion;
 
 /// Most conditions per device.
@@ -94,10 +94,8 @@ const MAX_CONDITION_TYPE: usize = 316;
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct DeviceStatus {
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device.
-    pub device: String,
+    /// The device.
+    pub device: DeviceRef,
     /// Share ID, for a share of a multi-allocatable device.
     pub share_id: Option<String>,
     /// Conditions (at most 8, types unique). `Ready` should be `True` once configured; binding
@@ -136,8 +134,7 @@ impl DeviceStatus {
     /// An empty status of `pool`/`device`.
     pub fn new(pool: impl Into<String>, device: impl Into<String>) -> Self {
         Self {
-            pool: pool.into(),
-            device: device.into(),
+            device: DeviceRef::new(pool, device),
             share_id: None,
             conditions: Vec::new(),
             data: None,
@@ -206,11 +203,11 @@ impl DeviceStatus {
     /// Checks the API's limits; the error names the device and the field.
     pub fn validate(&self) -> Result<(), DeviceStatusError> {
         let invalid = |field: &str, reason: String| DeviceStatusError::Invalid {
-            device: format!("{}/{}", self.pool, self.device),
+            device: self.device.to_string(),
             field: field.to_owned(),
             reason,
         };
-        if self.pool.is_empty() || self.device.is_empty() {
+        if self.device.pool.is_empty() || self.device.name.is_empty() {
             return Err(invalid("device", "pool and device are required".into()));
         }
         if self.conditions.len() > MAX_CONDITIONS {
@@ -282,7 +279,8 @@ impl DeviceStatus {
 
     /// The `AllocatedDeviceStatus` JSON of this device for `driver`.
     fn to_json(&self, driver: &str) -> Value {
-        let mut entry = json!({ "driver": driver, "pool": self.pool, "device": self.device });
+        let mut entry =
+            json!({ "driver": driver, "pool": self.device.pool, "device": self.device.name });
         if let Some(share_id) = &self.share_id {
             entry["shareID"] = json!(share_id);
         }

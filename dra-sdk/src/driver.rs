@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::cdi::ContainerEdits;
+use crate::claim::DeviceRef;
 use crate::claim::{
     AllocatedDevice, Claim, ClaimRef, DriverError, DriverStateError, RecordedClaim, encode_state,
 };
@@ -42,7 +43,7 @@ use crate::slices::PublishEvent;
 ///             .devices
 ///             .iter()
 ///             .map(|d| {
-///                 let edits = ContainerEdits::new().env("MY_DEVICE", &d.device);
+///                 let edits = ContainerEdits::new().env("MY_DEVICE", &d.device.name);
 ///                 PreparedDevice::new(d, edits)
 ///             })
 ///             .collect();
@@ -347,17 +348,15 @@ impl From<DriverError> for ReconcileError {
 ///     .device_node(DeviceNode::new("/dev/gpu0"))
 ///     .mount(Mount::new("/opt/gpu/lib", "/usr/local/gpu/lib").option("ro"));
 /// let prepared = PreparedDevice::new(&allocated, edits);
-/// assert_eq!(prepared.device, "gpu-0");
+/// assert_eq!(prepared.device.name, "gpu-0");
 /// ```
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct PreparedDevice {
     /// Base request name the device was allocated for.
     pub request: String,
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device.
-    pub device: String,
+    /// The device.
+    pub device: DeviceRef,
     /// Share ID for multi-allocatable devices.
     pub share_id: Option<String>,
     /// What a container using this device gets. Empty edits produce no CDI device.
@@ -373,7 +372,6 @@ impl PreparedDevice {
     pub fn new<C>(allocated: &AllocatedDevice<C>, edits: ContainerEdits) -> Self {
         Self {
             request: allocated.request.clone(),
-            pool: allocated.pool.clone(),
             device: allocated.device.clone(),
             share_id: allocated.share_id.clone(),
             edits,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::claim::DeviceRef;
 use crate::slices::DeviceTaint;
 
 /// Everything the driver knows about one device's condition: its health for the kubelet's
@@ -27,7 +28,7 @@ use crate::slices::DeviceTaint;
 ///
 /// let failed = DeviceState::unhealthy("node-a", "gpu-3", "XID 79: GPU has fallen off the bus")
 ///     .with_taint(DeviceTaint::new("gpu.example.com/xid", TaintEffect::NoExecute).value("79"));
-/// assert_eq!(failed.health.status, HealthStatus::Unhealthy);
+/// assert_eq!(failed.status, HealthStatus::Unhealthy);
 /// assert_eq!(failed.taints.len(), 1);
 ///
 /// let recovered = DeviceState::healthy("node-a", "gpu-3");
@@ -36,25 +37,36 @@ use crate::slices::DeviceTaint;
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct DeviceState {
-    /// Health as the kubelet's health stream reports it (pool and device identify the device).
-    pub health: DeviceHealth,
+    /// The device.
+    pub device: DeviceRef,
+    /// Health as the kubelet's health stream reports it.
+    pub status: HealthStatus,
+    /// Human-readable detail for the pod's status (kubelet 1.36+; at most 1024 characters are
+    /// sent).
+    pub message: String,
+    /// How long the kubelet may go without an update before it considers the device's health
+    /// unknown (kubelet 1.35+). `None` keeps the kubelet's default of 30 s.
+    pub timeout: Option<Duration>,
     /// Taints added to the device's published entry while it is in this state, on top of the
     /// taints the driver publishes with the device itself.
     pub taints: Vec<DeviceTaint>,
 }
 
 impl DeviceState {
-    /// A state with this health and no taints.
-    pub fn new(health: DeviceHealth) -> Self {
+    /// A state with this health status, no message and no taints.
+    pub fn new(pool: impl Into<String>, device: impl Into<String>, status: HealthStatus) -> Self {
         Self {
-            health,
+            device: DeviceRef::new(pool, device),
+            status,
+            message: String::new(),
+            timeout: None,
             taints: Vec::new(),
         }
     }
 
     /// A healthy device: no taints.
     pub fn healthy(pool: impl Into<String>, device: impl Into<String>) -> Self {
-        Self::new(DeviceHealth::new(pool, device, HealthStatus::Healthy))
+        Self::new(pool, device, HealthStatus::Healthy)
     }
 
     /// An unhealthy device, with a message for the pod's status. Add the taint it should carry
@@ -64,12 +76,18 @@ impl DeviceState {
         device: impl Into<String>,
         message: impl Into<String>,
     ) -> Self {
-        Self::new(DeviceHealth::new(pool, device, HealthStatus::Unhealthy).with_message(message))
+        Self::new(pool, device, HealthStatus::Unhealthy).with_message(message)
     }
 
     /// A device whose health is not known.
     pub fn unknown(pool: impl Into<String>, device: impl Into<String>) -> Self {
-        Self::new(DeviceHealth::new(pool, device, HealthStatus::Unknown))
+        Self::new(pool, device, HealthStatus::Unknown)
+    }
+
+    /// Sets the message for the pod's status.
+    pub fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
     }
 
     /// Adds a taint the device carries in its ResourceSlice while in this state.
@@ -80,42 +98,7 @@ impl DeviceState {
 
     /// Sets how long the kubelet may go without news before it considers the health unknown.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.health.timeout = Some(timeout);
-        self
-    }
-}
-
-/// Health of one device.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceHealth {
-    /// Pool of the device.
-    pub pool: String,
-    /// Device name within the pool.
-    pub device: String,
-    /// Current status.
-    pub status: HealthStatus,
-    /// Human-readable detail (kubelet 1.36+; at most 1024 characters are sent).
-    pub message: String,
-    /// How long the kubelet may go without an update before it considers the device's health
-    /// unknown (kubelet 1.35+). `None` keeps the kubelet's default of 30 s.
-    pub timeout: Option<Duration>,
-}
-
-impl DeviceHealth {
-    /// A health entry without message or custom timeout.
-    pub fn new(pool: impl Into<String>, device: impl Into<String>, status: HealthStatus) -> Self {
-        Self {
-            pool: pool.into(),
-            device: device.into(),
-            status,
-            message: String::new(),
-            timeout: None,
-        }
-    }
-
-    /// Adds a message.
-    pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = message.into();
+        self.timeout = Some(timeout);
         self
     }
 }
@@ -134,7 +117,7 @@ pub enum HealthStatus {
 /// The context's handle to publish device health.
 #[derive(Clone, Debug)]
 pub(crate) struct HealthReporter {
-    sender: watch::Sender<Vec<DeviceHealth>>,
+    sender: watch::Sender<Vec<DeviceState>>,
 }
 
 impl HealthReporter {
@@ -145,7 +128,7 @@ impl HealthReporter {
     }
 
     /// Replaces the full device list.
-    pub(crate) fn set(&self, devices: Vec<DeviceHealth>) {
+    pub(crate) fn set(&self, devices: Vec<DeviceState>) {
         self.sender.send_replace(devices);
     }
 }
@@ -153,17 +136,17 @@ impl HealthReporter {
 /// The plugin's side of a [`HealthReporter`].
 #[derive(Clone, Debug)]
 pub(crate) struct HealthSource {
-    receiver: watch::Receiver<Vec<DeviceHealth>>,
+    receiver: watch::Receiver<Vec<DeviceState>>,
 }
 
 impl HealthSource {
     /// The current full device list.
     #[cfg(test)]
-    pub(crate) fn current(&self) -> Vec<DeviceHealth> {
+    pub(crate) fn current(&self) -> Vec<DeviceState> {
         self.receiver.borrow().clone()
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Vec<DeviceHealth>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Vec<DeviceState>> {
         self.receiver.clone()
     }
 }

@@ -20,7 +20,7 @@
 //!
 //!     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
 //!         let devices = claim.devices.iter().map(|device| {
-//!             PreparedDevice::new(device, ContainerEdits::new().env("ECHO_DEVICE", &device.device))
+//!             PreparedDevice::new(device, ContainerEdits::new().env("ECHO_DEVICE", &device.device.name))
 //!         });
 //!         Ok(PreparedClaim::new(devices.collect()))
 //!     }

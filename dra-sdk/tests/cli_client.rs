@@ -71,7 +71,10 @@ async fn prepares_are_not_held_back_by_the_background_limit() {
         type Config = ();
         async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
             let devices = claim.devices.iter().map(|device| {
-                PreparedDevice::new(device, ContainerEdits::new().env("ECHO", &device.device))
+                PreparedDevice::new(
+                    device,
+                    ContainerEdits::new().env("ECHO", &device.device.name),
+                )
             });
             Ok(PreparedClaim::new(devices.collect()))
         }

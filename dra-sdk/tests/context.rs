@@ -346,7 +346,7 @@ async fn typed_driver_state_is_read_updated_and_survives_a_restart() {
     let devices: Vec<&str> = prepared[0]
         .devices
         .iter()
-        .map(|d| d.device.as_str())
+        .map(|d| d.device.name.as_str())
         .collect();
     assert_eq!(devices, ["gpu-0", "gpu-1"]);
     assert_eq!(
@@ -446,7 +446,7 @@ async fn reconcile_sees_the_completed_claims_after_the_rollback_and_before_regis
         reconciled[0].claim,
         ClaimRef::new("default", "done", "uid-done")
     );
-    assert_eq!(reconciled[0].devices[0].device, "gpu-0");
+    assert_eq!(reconciled[0].devices[0].device.name, "gpu-0");
     assert_eq!(
         reconciled[0]
             .decode_state::<DaemonState>()

@@ -301,7 +301,7 @@ impl dra_sdk::driver::Driver for StatusDriver {
     ) -> Result<dra_sdk::driver::PreparedClaim, dra_sdk::claim::DriverError> {
         let mut prepared = dra_sdk_testing::sample_driver::prepare_gpus(claim);
         for device in &claim.devices {
-            let status = DeviceStatus::new(&device.pool, &device.device)
+            let status = DeviceStatus::new(&device.device.pool, &device.device.name)
                 .ready("Prepared", "ready for the pod")
                 .data(json!({ "claim": claim.claim.name }));
             let status = if self.bad {

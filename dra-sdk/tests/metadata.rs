@@ -50,7 +50,7 @@ impl Driver for MetadataDriver {
             .devices
             .iter()
             .map(|device| {
-                let edits = ContainerEdits::new().env("DEVICE", &device.device);
+                let edits = ContainerEdits::new().env("DEVICE", &device.device.name);
                 let prepared = PreparedDevice::new(device, edits);
                 match written.cdi_device_ids.get(&device.request) {
                     Some(id) => prepared.with_cdi_device_id(id.clone()),
@@ -156,7 +156,10 @@ impl Driver for OptInDriver {
             .devices
             .iter()
             .map(|device| {
-                PreparedDevice::new(device, ContainerEdits::new().env("NIC", &device.device))
+                PreparedDevice::new(
+                    device,
+                    ContainerEdits::new().env("NIC", &device.device.name),
+                )
             })
             .collect();
         Ok(PreparedClaim::new(devices))

@@ -32,7 +32,7 @@
 //!     type Config = ();
 //!     async fn prepare(&self, claim: &Claim<()>) -> Result<PreparedClaim, DriverError> {
 //!         let devices = claim.devices.iter().map(|device| {
-//!             PreparedDevice::new(device, ContainerEdits::new().env("MY_DEVICE", &device.device))
+//!             PreparedDevice::new(device, ContainerEdits::new().env("MY_DEVICE", &device.device.name))
 //!         });
 //!         Ok(PreparedClaim::new(devices.collect()))
 //!     }

@@ -365,10 +365,11 @@ impl MetadataDevice {
                     Some(sub) => format!("{}/{sub}", allocated.request),
                     None => allocated.request.clone(),
                 };
-                let metadata = Self::new(request, &allocated.pool, &allocated.device);
+                let device = &allocated.device;
+                let metadata = Self::new(request, &device.pool, &device.name);
                 let published = resources
-                    .and_then(|r| r.pools.get(&allocated.pool))
-                    .and_then(|pool| pool.devices.iter().find(|d| d.name == allocated.device));
+                    .and_then(|r| r.pools.get(&device.pool))
+                    .and_then(|pool| pool.devices.iter().find(|d| d.name == device.name));
                 match published {
                     Some(device) => metadata.attributes_of(device),
                     None => metadata,

@@ -40,3 +40,38 @@ impl ClaimRef {
         }
     }
 }
+
+/// A device of a ResourceSlice pool: the (pool, device name) pair an allocation names, and the
+/// identity of a device in every type that concerns one device (allocated, prepared, recorded,
+/// its state and status).
+///
+/// ```
+/// use dra_sdk::claim::DeviceRef;
+///
+/// let device = DeviceRef::new("node-a", "gpu-0");
+/// assert_eq!(device.to_string(), "node-a/gpu-0");
+/// assert_eq!(device.name, "gpu-0");
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeviceRef {
+    /// The pool the device is published in.
+    pub pool: String,
+    /// The device's name within its pool.
+    pub name: String,
+}
+
+impl DeviceRef {
+    /// The device `name` of `pool`.
+    pub fn new(pool: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            pool: pool.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.pool, self.name)
+    }
+}

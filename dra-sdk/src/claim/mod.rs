@@ -27,7 +27,7 @@ pub(crate) mod wire;
 
 pub use error::{DriverError, DriverStateError};
 pub(crate) use error::{decode_state, encode_state};
-pub use identity::ClaimRef;
+pub use identity::{ClaimRef, DeviceRef};
 pub(crate) use read::ClaimReader;
 pub(crate) use read::ReadPolicy;
 pub use recorded::{RecordedClaim, RecordedDevice};

@@ -18,7 +18,7 @@ use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClai
 
 use super::wire::{self, ClaimVersion, DiscoveryError, Fetched};
 
-use crate::claim::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource};
+use crate::claim::{AllocatedDevice, AppliedConfig, Claim, ClaimRef, ConfigSource, DeviceRef};
 use crate::config::{ConfigError, ConfigRegistry};
 
 /// Why a claim could not be read or resolved. Each variant fails only its claim.
@@ -278,7 +278,7 @@ fn check_claim(claim: &ClaimRef, object: &ResourceClaim) -> Result<(), ClaimErro
 ///     &ConfigRegistry::new(),
 /// )?;
 /// assert_eq!(claim.devices.len(), 1);
-/// assert_eq!(claim.devices[0].device, "gpu-0");
+/// assert_eq!(claim.devices[0].device.name, "gpu-0");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn resolve<C: Send + Sync + 'static>(
@@ -326,8 +326,7 @@ pub fn resolve<C: Send + Sync + 'static>(
             AllocatedDevice {
                 request: request.to_string(),
                 subrequest: subrequest.map(str::to_string),
-                pool: result.pool.clone(),
-                device: result.device.clone(),
+                device: DeviceRef::new(&result.pool, &result.device),
                 share_id: result.share_id.clone(),
                 consumed_capacity: result
                     .consumed_capacity

@@ -3,6 +3,7 @@
 use serde::de::DeserializeOwned;
 
 use super::{ClaimRef, DriverStateError};
+use crate::claim::DeviceRef;
 
 /// A claim as the checkpoint records it, for the driver: what the kubelet was given, the
 /// driver's own state, and whether prepare completed. [`Driver::unprepare`],
@@ -38,7 +39,7 @@ impl RecordedClaim {
     /// let claim = RecordedClaim::new(ClaimRef::new("default", "gpu", "uid-1"))
     ///     .with_device(RecordedDevice::new("node-a", "gpu-0").with_request("gpu"))
     ///     .with_driver_state(serde_json::json!({ "bound": "vfio-pci" }));
-    /// assert_eq!(claim.devices[0].device, "gpu-0");
+    /// assert_eq!(claim.devices[0].device.name, "gpu-0");
     /// assert!(claim.completed);
     /// assert!(!claim.interrupted().completed);
     /// ```
@@ -86,10 +87,8 @@ impl RecordedClaim {
 pub struct RecordedDevice {
     /// Base request names this device satisfies.
     pub request_names: Vec<String>,
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device.
-    pub device: String,
+    /// The device.
+    pub device: DeviceRef,
     /// Share ID of a consumable-capacity allocation, if any.
     pub share_id: Option<String>,
     /// CDI device IDs handed to the kubelet.
@@ -101,8 +100,7 @@ impl RecordedDevice {
     pub fn new(pool: impl Into<String>, device: impl Into<String>) -> Self {
         Self {
             request_names: Vec::new(),
-            pool: pool.into(),
-            device: device.into(),
+            device: DeviceRef::new(pool, device),
             share_id: None,
             cdi_device_ids: Vec::new(),
         }

@@ -8,6 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::ClaimRef;
+use crate::claim::DeviceRef;
 
 /// An allocated claim, reduced to what concerns this driver.
 ///
@@ -72,10 +73,8 @@ pub struct AllocatedDevice<C> {
     pub request: String,
     /// The `firstAvailable` subrequest that was satisfied, if any.
     pub subrequest: Option<String>,
-    /// Pool of the device.
-    pub pool: String,
-    /// Name of the device within its pool.
-    pub device: String,
+    /// The device.
+    pub device: DeviceRef,
     /// Identifies this share of a device that allows multiple allocations.
     pub share_id: Option<String>,
     /// Capacity consumed by this share (consumable capacity), keyed by qualified name.
@@ -98,8 +97,7 @@ impl<C> AllocatedDevice<C> {
         Self {
             request: request.into(),
             subrequest: None,
-            pool: pool.into(),
-            device: device.into(),
+            device: DeviceRef::new(pool, device),
             share_id: None,
             consumed_capacity: BTreeMap::new(),
             admin_access: false,
@@ -152,7 +150,7 @@ impl<C> AllocatedDevice<C> {
 
     /// `<pool>/<device>`, the way the kubelet names a device.
     pub fn id(&self) -> String {
-        format!("{}/{}", self.pool, self.device)
+        self.device.to_string()
     }
 }
 

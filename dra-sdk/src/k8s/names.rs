@@ -419,7 +419,7 @@ mod tests {
             assert_eq!(qualified_name(good), Ok(()), "{good}");
         }
         for (bad, reason) in [
-            ("", "must not be empty"),
+            ("", "identifier must not be empty"),
             (
                 "pcie-root",
                 "identifier may contain only letters, digits and '_'",

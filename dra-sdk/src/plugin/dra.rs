@@ -10,9 +10,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::claim::ClaimRef;
+use crate::claim::{ClaimRef, DeviceRef};
 use crate::driver::Driver;
-use crate::health::{DeviceHealth, HealthSource, HealthStatus};
+use crate::health::{DeviceState, HealthSource, HealthStatus};
 use crate::plugin::node::NodeService;
 use crate::proto::health_v1alpha1 as health_pb;
 
@@ -235,12 +235,12 @@ const SOURCE_GONE: &str = "the driver no longer reports this device's health";
 /// `last_updated_time`: a re-send of an unchanged state keeps the time of the change.
 #[derive(Default)]
 struct ChangeStamps {
-    seen: std::collections::HashMap<(String, String), (HealthStatus, String, i64)>,
+    seen: std::collections::HashMap<DeviceRef, (HealthStatus, String, i64)>,
 }
 
 impl ChangeStamps {
-    fn stamp(&mut self, device: &DeviceHealth, message: &str, now: i64) -> i64 {
-        let key = (device.pool.clone(), device.device.clone());
+    fn stamp(&mut self, device: &DeviceState, message: &str, now: i64) -> i64 {
+        let key = device.device.clone();
         match self.seen.get(&key) {
             Some((status, seen_message, at))
                 if *status == device.status && seen_message == message =>
@@ -257,7 +257,7 @@ impl ChangeStamps {
 }
 
 fn health_response(
-    devices: &[DeviceHealth],
+    devices: &[DeviceState],
     stamps: &mut ChangeStamps,
     now: SystemTime,
 ) -> health_pb::NodeWatchResourcesResponse {
@@ -272,8 +272,8 @@ fn health_response(
                 let message = truncate(&device.message, MAX_HEALTH_MESSAGE);
                 health_pb::DeviceHealth {
                     device: Some(health_pb::DeviceIdentifier {
-                        pool_name: device.pool.clone(),
-                        device_name: device.device.clone(),
+                        pool_name: device.device.pool.clone(),
+                        device_name: device.device.name.clone(),
                     }),
                     health: match device.status {
                         HealthStatus::Unknown => health_pb::HealthStatus::Unknown,
@@ -314,18 +314,18 @@ mod tests {
     fn last_updated_time_is_the_time_of_the_change_not_of_the_resend() {
         let mut stamps = ChangeStamps::default();
         let at = |secs| UNIX_EPOCH + Duration::from_secs(secs);
-        let healthy = [DeviceHealth::new("pool", "gpu-0", HealthStatus::Healthy)];
+        let healthy = [DeviceState::new("pool", "gpu-0", HealthStatus::Healthy)];
         let sent =
             |response: health_pb::NodeWatchResourcesResponse| response.devices[0].last_updated_time;
         assert_eq!(sent(health_response(&healthy, &mut stamps, at(100))), 100);
         assert_eq!(sent(health_response(&healthy, &mut stamps, at(110))), 100);
         let sick =
-            [DeviceHealth::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 79")];
+            [DeviceState::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 79")];
         assert_eq!(sent(health_response(&sick, &mut stamps, at(120))), 120);
         assert_eq!(sent(health_response(&sick, &mut stamps, at(130))), 120);
         // A new message is a change too.
         let sicker =
-            [DeviceHealth::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 48")];
+            [DeviceState::new("pool", "gpu-0", HealthStatus::Unhealthy).with_message("XID 48")];
         assert_eq!(sent(health_response(&sicker, &mut stamps, at(140))), 140);
     }
 }

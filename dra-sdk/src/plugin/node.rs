@@ -252,11 +252,9 @@ impl<D: Driver> NodeService<D> {
         // Checked before the driver sees the claim, and only for claims that are not prepared
         // yet: a prepared claim keeps what it was prepared with (the checkpoint answers it).
         let context = self.reports.context();
-        if let Some(message) = claim
-            .devices
-            .iter()
-            .find_map(|device| context.unpublished(&device.pool, &device.device))
-        {
+        if let Some(message) = claim.devices.iter().find_map(|allocated| {
+            context.unpublished(&allocated.device.pool, &allocated.device.name)
+        }) {
             return Err(("stale_allocation", message));
         }
         Ok(claim)
@@ -313,7 +311,9 @@ impl<D: Driver> NodeService<D> {
             };
             cdi_device_ids.extend(device.cdi_device_ids.iter().cloned());
             let existing = records.iter_mut().find(|r| {
-                r.pool == device.pool && r.device == device.device && r.share_id == device.share_id
+                r.pool == device.device.pool
+                    && r.device == device.device.name
+                    && r.share_id == device.share_id
             });
             match existing {
                 // The same device allocated for two requests: one entry, both names.
@@ -325,8 +325,8 @@ impl<D: Driver> NodeService<D> {
                 }
                 None => records.push(device_record(
                     vec![device.request.clone()],
-                    &device.pool,
-                    &device.device,
+                    &device.device.pool,
+                    &device.device.name,
                     device.share_id.clone(),
                     cdi_device_ids,
                 )),
@@ -631,21 +631,19 @@ fn unique_by_uid(claims: Vec<ClaimRef>) -> Vec<ClaimRef> {
 fn check_prepared<C>(claim: &Claim<C>, prepared: &PreparedClaim) -> Result<(), String> {
     for device in &prepared.devices {
         let allocated = claim.devices.iter().any(|allocated| {
-            allocated.pool == device.pool
-                && allocated.device == device.device
-                && allocated.share_id == device.share_id
+            allocated.device == device.device && allocated.share_id == device.share_id
         });
         if !allocated {
             return Err(format!(
-                "driver returned device {}/{} which is not allocated to this claim by this driver",
-                device.pool, device.device
+                "driver returned device {} which is not allocated to this claim by this driver",
+                device.device
             ));
         }
         for id in &device.cdi_device_ids {
             if let Err(error) = id.parse::<crate::cdi::QualifiedName>() {
                 return Err(format!(
-                    "driver returned CDI device ID {id:?} for device {}/{}, which is not a qualified CDI name: {error}",
-                    device.pool, device.device
+                    "driver returned CDI device ID {id:?} for device {}, which is not a qualified CDI name: {error}",
+                    device.device
                 ));
             }
         }
@@ -663,8 +661,8 @@ fn cdi_devices(prepared: &PreparedClaim) -> Vec<ClaimDevice> {
         .enumerate()
         .map(|(index, device)| {
             let mut name = match &device.share_id {
-                Some(share) => format!("{}-{share}", device.device),
-                None => device.device.clone(),
+                Some(share) => format!("{}-{share}", device.device.name),
+                None => device.device.name.clone(),
             };
             // Two pools may both have a `gpu-0`; pools can contain `/`, so use an index.
             if !names.insert(name.clone()) {

@@ -202,14 +202,12 @@ pub(crate) fn check_statuses<C>(
     }
     for status in statuses {
         let allocated = claim.devices.iter().any(|allocated| {
-            allocated.pool == status.pool
-                && allocated.device == status.device
-                && allocated.share_id == status.share_id
+            allocated.device == status.device && allocated.share_id == status.share_id
         });
         if !allocated {
             return Err(format!(
-                "driver returned a status for device {}/{}, which is not allocated to this claim by this driver",
-                status.pool, status.device
+                "driver returned a status for device {}, which is not allocated to this claim by this driver",
+                status.device
             ));
         }
         status

@@ -930,7 +930,7 @@ impl Driver for NvidiaDriver {
 
         let mut planned = Vec::with_capacity(claim.devices.len());
         for device in &claim.devices {
-            let target = resolve(&inner, &discovery, &device.device)?;
+            let target = resolve(&inner, &discovery, &device.device.name)?;
             let explicit = names_request(claim, &inner.driver_name, device);
             let candidates: Vec<CandidateConfig<'_>> = device
                 .configs
@@ -943,7 +943,7 @@ impl Driver for NvidiaDriver {
                 .collect();
             let config = select_config(
                 target.device_type(),
-                &device.device,
+                &device.device.name,
                 &device.request,
                 &candidates,
             )
@@ -952,11 +952,11 @@ impl Driver for NvidiaDriver {
                 DriverError::InvalidConfig(format!(
                     "{} for {}: {error}",
                     config.kind(),
-                    device.device
+                    device.device.name
                 ))
             })?;
             planned.push(Planned {
-                device: device.device.clone(),
+                device: device.device.name.clone(),
                 admin_access: device.admin_access,
                 share_id: device.share_id.clone(),
                 target,

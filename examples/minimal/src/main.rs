@@ -72,9 +72,9 @@ impl Driver for MinimalDriver {
             let mode = device.config().and_then(|c| c.power_mode.as_deref());
             let prefix = format!(
                 "ACCELERATOR_{}",
-                device.device.replace('-', "_").to_uppercase()
+                device.device.name.replace('-', "_").to_uppercase()
             );
-            let edits = ContainerEdits::new().env(&prefix, &device.device).env(
+            let edits = ContainerEdits::new().env(&prefix, &device.device.name).env(
                 format!("{prefix}_POWER_MODE"),
                 mode.unwrap_or("Performance"),
             );

@@ -469,7 +469,7 @@ impl MockGpuDriver {
             device: device.id(),
             reason: "no such GPU on this node".into(),
         };
-        let name = DeviceName::parse(&device.device)
+        let name = DeviceName::parse(&device.device.name)
             .filter(|name| name.partition.is_none_or(|p| p < self.options.partitions))
             .ok_or_else(no_such_device)?;
         let gpu = self
@@ -582,9 +582,9 @@ impl Driver for MockGpuDriver {
                 let uuid = self
                     .lock_gpus()
                     .iter()
-                    .find(|gpu| gpu.name() == device.device)
+                    .find(|gpu| gpu.name() == device.device.name)
                     .map(|gpu| gpu.uuid.clone());
-                let status = DeviceStatus::new(&device.pool, &device.device)
+                let status = DeviceStatus::new(&device.device.pool, &device.device.name)
                     .ready("Prepared", "mock GPU ready for the pod")
                     .data(serde_json::json!({ "uuid": uuid }));
                 prepared = prepared.with_device_status(status);

@@ -3,6 +3,7 @@
 use crate::claim::{ClaimRef, RecordedClaim, RecordedDevice};
 use std::fmt;
 
+use crate::claim::DeviceRef;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
@@ -206,8 +207,7 @@ impl From<&PreparedDeviceRecord> for RecordedDevice {
     fn from(record: &PreparedDeviceRecord) -> Self {
         Self {
             request_names: record.request_names.clone(),
-            pool: record.pool.clone(),
-            device: record.device.clone(),
+            device: DeviceRef::new(&record.pool, &record.device),
             share_id: record.share_id.clone(),
             cdi_device_ids: record.cdi_device_ids.clone(),
         }

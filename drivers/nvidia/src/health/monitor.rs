@@ -484,7 +484,7 @@ mod tests {
         let changed = tracker.on_event(&xid("GPU-0", 79), Instant::now());
         assert_eq!(changed.len(), 2);
         for state in &changed {
-            assert_eq!(state.health.status, HealthStatus::Unhealthy);
+            assert_eq!(state.status, HealthStatus::Unhealthy);
             assert_eq!(
                 taints(state),
                 [(
@@ -494,7 +494,7 @@ mod tests {
                 )]
             );
         }
-        assert_eq!(tracker.state("gpu-1").health.status, HealthStatus::Healthy);
+        assert_eq!(tracker.state("gpu-1").status, HealthStatus::Healthy);
     }
 
     #[test]
@@ -510,7 +510,7 @@ mod tests {
         let changed = tracker.on_event(&xid("GPU-3", 79), Instant::now());
         let mut tainted: Vec<(String, String)> = changed
             .iter()
-            .map(|state| (state.health.pool.clone(), state.health.device.clone()))
+            .map(|state| (state.device.pool.clone(), state.device.name.clone()))
             .collect();
         tainted.sort();
         assert_eq!(
@@ -521,14 +521,10 @@ mod tests {
                 ("node/gpu-3".to_owned(), "gpu-3-mig-7g80gb-0-0".to_owned()),
             ]
         );
-        assert!(
-            changed
-                .iter()
-                .all(|s| s.health.status == HealthStatus::Unhealthy)
-        );
+        assert!(changed.iter().all(|s| s.status == HealthStatus::Unhealthy));
         let other = tracker.state("gpu-4");
         assert_eq!(
-            (other.health.pool.as_str(), other.health.status),
+            (other.device.pool.as_str(), other.status),
             ("node", HealthStatus::Healthy)
         );
     }
@@ -538,7 +534,7 @@ mod tests {
         let mut tracker = tracker(HealthPolicy::default());
         let changed = tracker.on_event(&xid("MIG-0a", 48), Instant::now());
         assert_eq!(changed.len(), 1);
-        assert_eq!(changed[0].health.device, "gpu-0-mig-1g10gb-19-0");
+        assert_eq!(changed[0].device.name, "gpu-0-mig-1g10gb-19-0");
         assert!(tracker.state("gpu-0").taints.is_empty());
     }
 
@@ -547,7 +543,7 @@ mod tests {
         let mut tracker = tracker(HealthPolicy::default().ignore_xids([48]));
         for number in [13, 48] {
             let changed = tracker.on_event(&xid("GPU-1", number), Instant::now());
-            assert_eq!(changed[0].health.status, HealthStatus::Healthy);
+            assert_eq!(changed[0].status, HealthStatus::Healthy);
             assert_eq!(
                 taints(&changed[0]),
                 [(
@@ -562,7 +558,7 @@ mod tests {
         let state = tracker
             .on_event(&xid("GPU-1", 13), Instant::now())
             .remove(0);
-        assert_eq!(state.health.status, HealthStatus::Unhealthy);
+        assert_eq!(state.status, HealthStatus::Unhealthy);
         assert_eq!(state.taints[0].value.as_deref(), Some("79"));
     }
 
@@ -581,9 +577,9 @@ mod tests {
         let changed = tracker.recover(start + Duration::from_secs(91));
         assert_eq!(changed.len(), 2);
         assert!(
-            changed.iter().all(
-                |state| state.taints.is_empty() && state.health.status == HealthStatus::Healthy
-            )
+            changed
+                .iter()
+                .all(|state| state.taints.is_empty() && state.status == HealthStatus::Healthy)
         );
         assert_eq!(
             taints(&tracker.state("gpu-1")),
@@ -629,7 +625,7 @@ mod tests {
         let states = tracker.unmonitored("no events");
         assert_eq!(states.len(), 3);
         for state in &states {
-            assert_eq!(state.health.status, HealthStatus::Unknown);
+            assert_eq!(state.status, HealthStatus::Unknown);
             assert_eq!(
                 taints(state),
                 [(TAINT_UNMONITORED.to_owned(), None, TaintEffect::None)]
