@@ -18,7 +18,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use dra_driver_nvidia::devices::{DRIVER_NAME, device_classes};
-use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::allocation_results;
 use dra_sdk_testing::e2e::suite::E2eSuite;
 use dra_sdk_testing::e2e::workload::{self, ClaimSource};
@@ -786,6 +785,7 @@ async fn create_device_classes(client: &kube::Client) {
 #[cfg(feature = "demo")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_demo_runs_against_the_real_cluster() {
+    use dra_sdk_testing::assert_contains;
     use k8s_openapi::api::resource::v1::ResourceSlice;
     let Some(fixture) = fixture().await else {
         return;
