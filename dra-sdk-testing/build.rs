@@ -6,13 +6,9 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    // Inside the workspace the protos live at the root; a published crate
-    // carries a copy in its own `proto/` folder.
+    // The proto lives inside the crate (its one copy), so the published package builds alone.
     let file = "cri-v1.proto";
-    let proto_dir = [manifest.join("../proto"), manifest.join("proto")]
-        .into_iter()
-        .find(|dir| dir.join(file).exists())
-        .ok_or("proto/ directory with cri-v1.proto not found")?;
+    let proto_dir = manifest.join("proto");
     println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());
     let mut compiler = protox::Compiler::new([&proto_dir])?;
     compiler.include_imports(true).open_file(file)?;

@@ -1,16 +1,12 @@
-//! Compiles the kubelet plugin protos in `proto/` with protox, a pure-Rust
-//! protobuf compiler, so building the SDK needs no `protoc` binary.
+//! Compiles the kubelet plugin protos in the crate's `proto/` with protox, a pure-Rust
+//! protobuf compiler, so building the SDK needs no `protoc` binary. The protos live inside the
+//! crate (their one copy), so the published package builds on its own.
 
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    // Inside the workspace the protos live at the root; a published crate
-    // carries a copy in its own `proto/` folder.
-    let proto_dir = [manifest.join("../proto"), manifest.join("proto")]
-        .into_iter()
-        .find(|dir| dir.join("pluginregistration.proto").exists())
-        .ok_or("proto/ directory with the kubelet plugin protos not found")?;
+    let proto_dir = manifest.join("proto");
     let files = [
         "pluginregistration.proto",
         "dra-v1.proto",

@@ -502,6 +502,11 @@ impl NewClaim {
             .and_then(Value::as_object_mut)
     }
 
+    /// The claim's `spec` as JSON, the same for every Kubernetes version's Rust types.
+    pub fn spec_json(&self) -> Value {
+        json!({ "devices": { "requests": self.requests, "config": self.configs } })
+    }
+
     /// The claim object.
     pub fn build(self) -> ResourceClaim {
         // Built through JSON so it does not depend on which Kubernetes version's Rust types
@@ -510,7 +515,7 @@ impl NewClaim {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": { "name": self.name, "namespace": self.namespace },
-            "spec": { "devices": { "requests": self.requests, "config": self.configs } },
+            "spec": self.spec_json(),
         });
         serde_json::from_value(object).unwrap_or_default()
     }

@@ -22,7 +22,7 @@
 //! double creates the containers' log files there.
 //!
 //! Every field of a recorded request or response that the double's proto
-//! (`proto/cri-v1.proto`) does not model must be listed in [`UNMODELLED`] with the reason;
+//! (`dra-sdk-testing/proto/cri-v1.proto`) does not model must be listed in [`UNMODELLED`] with the reason;
 //! any other would be dropped silently, so it fails the test.
 
 use std::collections::{BTreeSet, HashMap};

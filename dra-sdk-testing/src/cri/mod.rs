@@ -67,7 +67,7 @@ pub use self::record::{ContainerRecord, CriDevice, CriEnv, CriMount};
 pub use self::server::{CriDouble, CriDoubleBuilder};
 
 /// The CRI v1 messages and the `RuntimeService`/`ImageService` servers and clients the
-/// double is built on, generated from the workspace's `proto/cri-v1.proto` (the part of the
+/// double is built on, generated from the crate's `proto/cri-v1.proto` (the part of the
 /// CRI a kubelet v1.36 uses, with cri-api's field numbers).
 #[allow(missing_docs, unreachable_pub, clippy::all)]
 pub mod proto {

@@ -480,14 +480,15 @@ async fn create_device_classes(
             .labels
             .get_or_insert_default()
             .insert(DEMO_LABEL_KEY.to_owned(), stage.label().to_owned());
-        let cel = class
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.selectors.as_ref())
-            .and_then(|selectors| selectors.first())
-            .and_then(|selector| selector.cel.as_ref())
-            .map_or("", |cel| cel.expression.as_str())
-            .to_owned();
+        // Read through JSON: `spec` is optional in 1.37's types only.
+        let cel = serde_json::to_value(&class)
+            .ok()
+            .and_then(|class| {
+                class["spec"]["selectors"][0]["cel"]["expression"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
         match api.create(&PostParams::default(), &class).await {
             Ok(_) => out.line(format!("  {name}: {cel}")),
             Err(kube::Error::Api(status)) if status.code == 409 => {

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use dra_sdk_allocator::allocate_claim;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use k8s_openapi::api::resource::v1::{
-    ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
-};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
@@ -53,8 +51,9 @@ pub struct Workload {
     pub claim: String,
     /// What the step shows.
     pub what: String,
-    /// The claim's `spec`.
-    pub spec: ResourceClaimSpec,
+    /// The claim's `spec`, as JSON: k8s-openapi's claim types differ between the Kubernetes
+    /// versions a driver may pick (a `spec` is optional from 1.37 on), JSON does not.
+    pub spec: Value,
     /// The claim comes from this ResourceClaimTemplate (created with `spec`).
     pub template: Option<String>,
     /// The Pods using the claim.
@@ -75,8 +74,7 @@ impl Workload {
         Self {
             claim: claim.into(),
             what: what.into(),
-            // NewClaim always builds a spec.
-            spec: spec.build().spec.unwrap_or_default(),
+            spec: spec.spec_json(),
             template: None,
             pods,
             expected_failure: None,
@@ -117,13 +115,10 @@ pub(crate) async fn create_and_allocate(
 ) -> Result<Allocation, DemoError> {
     match &workload.template {
         Some(template) => {
-            let object = ResourceClaimTemplate {
-                metadata: stage.metadata(template),
-                spec: Some(ResourceClaimTemplateSpec {
-                    metadata: None,
-                    spec: Some(workload.spec.clone()),
-                }),
-            };
+            let object: ResourceClaimTemplate = from_json(json!({
+                "metadata": stage.metadata(template),
+                "spec": { "spec": workload.spec },
+            }))?;
             stage
                 .templates()
                 .create(&PostParams::default(), &object)
@@ -179,17 +174,23 @@ async fn create_claim(
             ..OwnerReference::default()
         }]
     });
-    let claim = ResourceClaim {
-        metadata,
-        spec: Some(workload.spec.clone()),
-        status: None,
-    };
+    let claim: ResourceClaim = from_json(json!({ "metadata": metadata, "spec": workload.spec }))?;
     stage
         .claims()
         .create(&PostParams::default(), &claim)
         .await
         .map_err(DemoError::api(format!("creating claim {}", workload.claim)))?;
     Ok(())
+}
+
+/// An object from its JSON (claims and templates are written as JSON so that the demo builds with
+/// whichever Kubernetes version of k8s-openapi the driver picked).
+fn from_json<T: serde::de::DeserializeOwned>(object: Value) -> Result<T, DemoError> {
+    let what = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    serde_json::from_value(object).map_err(|source| DemoError::Object { what, source })
 }
 
 /// A Pod of the workload using its claim from all its containers, pinned to the demo's node

@@ -1,6 +1,6 @@
 //! Generated bindings for the kubelet plugin gRPC APIs.
 //!
-//! The `.proto` files live in the workspace's `proto/` folder and are compiled
+//! The `.proto` files live in the crate's `proto/` folder and are compiled
 //! by `build.rs` with a pure-Rust compiler. Package names match the kubelet's
 //! exactly, because they are part of every gRPC method path.
 
