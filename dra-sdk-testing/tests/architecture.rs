@@ -19,6 +19,7 @@ const CRATES: &[(&str, &[&str])] = &[
     ("dra-sdk-testing/src", &[]),
     ("dractl/src", &[]),
     ("drivers/nvidia/src", &[]),
+    ("drivers/nvidia/nvml-mock/src", &[]),
     ("examples/mock-gpu/src", &[]),
     ("examples/minimal/src", &[]),
 ];

@@ -340,7 +340,19 @@ fn gpu_config() -> Value {
 
 #[tokio::test]
 async fn a_full_gpu_claim_is_prepared_and_unprepared() {
-    let r = start("dgx-a100", "").await;
+    full_gpu_claim(Fixture::new("dgx-a100")).await;
+}
+
+/// The same, on the NVML backend over the libnvidia-ml double.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_full_gpu_claim_is_prepared_and_unprepared_over_nvml() {
+    full_gpu_claim(Fixture::over_nvml("dgx-a100")).await;
+}
+
+async fn full_gpu_claim(f: Fixture) {
+    let driver = f.driver("");
+    let r = start_driver(f, driver).await;
     let claim = r
         .claim(
             AllocatedClaim::new("default", "one-gpu")
@@ -402,7 +414,19 @@ async fn a_full_gpu_claim_is_prepared_and_unprepared() {
 
 #[tokio::test]
 async fn a_mig_claim_gets_its_capability_nodes() {
-    let r = start("dgx-a100", "").await;
+    mig_claim(Fixture::new("dgx-a100")).await;
+}
+
+/// The same, on the NVML backend over the libnvidia-ml double.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_mig_claim_gets_its_capability_nodes_over_nvml() {
+    mig_claim(Fixture::over_nvml("dgx-a100")).await;
+}
+
+async fn mig_claim(f: Fixture) {
+    let driver = f.driver("");
+    let r = start_driver(f, driver).await;
     let parent = &r.f.inventory.gpus[1];
     let mig = parent
         .mig_devices

@@ -501,7 +501,11 @@ fn build_table(
                 placements,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .map(|mut profiles| {
+            crate::backend::sort_mig_profiles(&mut profiles);
+            profiles
+        })
 }
 
 /// `{0,2,4}:2` (or `{0}:8`, or `0:8`) into placements.

@@ -453,6 +453,13 @@ impl MigProfileInfo {
     }
 }
 
+/// Sorts GPU-instance profiles as `nvidia-smi mig -lgip` lists them: by memory, then compute
+/// slices, then profile ID (`1g.10gb`, `1g.10gb+me`, `1g.20gb`, `2g.20gb` …). Both backends
+/// return them in this order, whatever the order of NVML's enum or of a profile file.
+pub fn sort_mig_profiles(profiles: &mut [MigProfileInfo]) {
+    profiles.sort_by_key(|profile| (profile.memory_mib, profile.slice_count, profile.id));
+}
+
 /// A MIG device that exists: a GPU instance with one compute instance.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

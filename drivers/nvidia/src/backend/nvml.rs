@@ -22,6 +22,7 @@ use std::ffi::OsStr;
 use std::fmt;
 
 use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::InitFlags;
 use nvml_wrapper::enum_wrappers::device::Brand;
 use nvml_wrapper::error::NvmlError;
 
@@ -60,25 +61,28 @@ impl NvmlBackend {
     /// Loads the NVML library at `library` (a name for the loader's search path, or a path
     /// such as `/driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1`) and initializes
     /// NVML.
+    ///
+    /// NVML is initialised with `NVML_INIT_FLAG_NO_GPUS`: a node whose GPUs are all bound to
+    /// vfio-pci still starts the plugin, which then unprepares what it prepared before.
     pub fn open(library: impl AsRef<OsStr>) -> Result<Self, BackendError> {
         let library_name = library.as_ref().to_string_lossy().into_owned();
-        let nvml =
-            Nvml::builder()
-                .lib_path(library.as_ref())
-                .init()
-                .map_err(|error| match error {
-                    NvmlError::LibloadingError(error) => BackendError::LibraryNotFound {
-                        library: library_name.clone(),
-                        reason: error.to_string(),
-                    },
-                    NvmlError::LibraryNotFound => BackendError::LibraryNotFound {
-                        library: library_name.clone(),
-                        reason: "NVML reports its library missing".into(),
-                    },
-                    other => BackendError::Init {
-                        reason: other.to_string(),
-                    },
-                })?;
+        let nvml = Nvml::builder()
+            .lib_path(library.as_ref())
+            .flags(InitFlags::NO_GPUS)
+            .init()
+            .map_err(|error| match error {
+                NvmlError::LibloadingError(error) => BackendError::LibraryNotFound {
+                    library: library_name.clone(),
+                    reason: error.to_string(),
+                },
+                NvmlError::LibraryNotFound => BackendError::LibraryNotFound {
+                    library: library_name.clone(),
+                    reason: "NVML reports its library missing".into(),
+                },
+                other => BackendError::Init {
+                    reason: other.to_string(),
+                },
+            })?;
         let mig = ffi::MigLib::load(library.as_ref()).map_err(|reason| {
             BackendError::LibraryNotFound {
                 library: library_name.clone(),
@@ -115,10 +119,15 @@ impl NvmlBackend {
             .minor_number()
             .map_err(|error| query("minor number", gpu, error))?;
         let product_name = device.name().map_err(|error| query("name", gpu, error))?;
-        let brand = device
-            .brand()
-            .map(brand_name)
-            .map_err(|error| query("brand", gpu, error))?;
+        // A brand a newer driver added is not a reason to lose the GPU.
+        let brand = match device.brand() {
+            Ok(brand) => brand_name(brand),
+            Err(NvmlError::UnexpectedVariant(raw)) => {
+                tracing::warn!(gpu = %uuid, raw, "brand unknown to this plugin; published as Unknown");
+                "Unknown".to_owned()
+            }
+            Err(error) => return Err(query("brand", gpu, error)),
+        };
         let capability = device
             .cuda_compute_capability()
             .map_err(|error| query("compute capability", gpu, error))?;
@@ -126,10 +135,16 @@ impl NvmlBackend {
             u32::try_from(capability.major).unwrap_or(0),
             u32::try_from(capability.minor).unwrap_or(0),
         );
-        let memory_bytes = device
-            .memory_info()
-            .map_err(|error| query("memory", gpu, error))?
-            .total;
+        // NOT_SUPPORTED on GPUs without a framebuffer of their own (integrated memory): the
+        // GPU is published with memory 0 rather than not at all.
+        let memory_bytes = match device.memory_info() {
+            Ok(memory) => memory.total,
+            Err(NvmlError::NotSupported) => {
+                tracing::warn!(gpu = %uuid, "NVML reports no memory size for this GPU; publishing 0");
+                0
+            }
+            Err(error) => return Err(query("memory", gpu, error)),
+        };
         let pci = device
             .pci_info()
             .map_err(|error| query("PCI info", gpu, error))?;
@@ -139,7 +154,8 @@ impl NvmlBackend {
             (pci.pci_device_id & 0xffff) as u16,
             (pci.pci_device_id >> 16) as u16,
         )?;
-        pci_info.subsystem_id = pci.pci_sub_system_id;
+        // 0 is NVML's "not reported": every real board has a subsystem ID.
+        pci_info.subsystem_id = pci.pci_sub_system_id.filter(|id| *id != 0);
         Ok(GpuInfo {
             index,
             minor,
@@ -152,7 +168,7 @@ impl NvmlBackend {
             memory_bytes,
             pci: pci_info,
             pcie_root: None,
-            addressing_mode: None,
+            addressing_mode: self.mig.addressing_mode(&device),
         })
     }
 }
@@ -187,7 +203,17 @@ impl GpuBackend for NvmlBackend {
             .nvml
             .device_count()
             .map_err(|error| query("GPU count", None, error))?;
-        (0..count).map(|index| self.gpu_info(index)).collect()
+        // A GPU that cannot be read (fallen off the bus) is left out with a warning: the
+        // others are published and keep preparing; the health monitor reports the lost one.
+        Ok((0..count)
+            .filter_map(|index| match self.gpu_info(index) {
+                Ok(info) => Some(info),
+                Err(error) => {
+                    tracing::warn!(index, %error, "GPU left out of discovery");
+                    None
+                }
+            })
+            .collect())
     }
 
     fn mig_mode(&self, gpu_uuid: &str) -> Result<Option<MigMode>, BackendError> {
@@ -228,8 +254,23 @@ impl MigManager for NvmlBackend {
         placement: MigPlacement,
     ) -> Result<u32, MigError> {
         let device = self.device(gpu_uuid)?;
-        self.mig
-            .create_gpu_instance(&device, gpu_uuid, profile_id, placement)
+        let created = self
+            .mig
+            .create_gpu_instance(&device, gpu_uuid, profile_id, placement);
+        // NVML says INSUFFICIENT_RESOURCES; the driver wants to know who holds the placement.
+        if created.is_err()
+            && let Ok(instances) = self.gpu_instances(gpu_uuid)
+            && let Some(holder) = instances
+                .iter()
+                .find(|instance| instance.placement.overlaps(&placement))
+        {
+            return Err(MigError::PlacementTaken {
+                gpu: gpu_uuid.to_owned(),
+                placement,
+                gpu_instance_id: holder.gpu_instance_id,
+            });
+        }
+        created
     }
 
     fn create_compute_instance(
@@ -285,16 +326,12 @@ mod events {
     use std::time::Duration;
 
     use nvml_wrapper::bitmasks::event::EventTypes;
-    use nvml_wrapper::enums::event::XidError;
     use nvml_wrapper::error::NvmlError;
     use nvml_wrapper::event::EventSet;
 
     use super::{NvmlBackend, query};
     use crate::backend::BackendError;
     use crate::backend::events::{HealthEvent, HealthEventKind, HealthEventStream};
-
-    /// NVML reports an XID it cannot decode as 999.
-    const UNKNOWN_XID: u64 = 999;
 
     /// The UUID of an event whose device cannot be named: the monitor treats a lost GPU of
     /// unknown identity as affecting every device.
@@ -304,7 +341,10 @@ mod events {
     /// Upstream also registers single-bit ECC errors, which the hardware corrects and which
     /// never taint a device; they are left out here.
     pub(super) struct NvmlEventStream<'nvml> {
+        backend: &'nvml NvmlBackend,
         set: EventSet<'nvml>,
+        /// The GPUs registered, to find which one NVML reports lost.
+        registered: Vec<String>,
         /// GPUs that could not be resolved at registration: reported as lost first.
         pending: VecDeque<HealthEvent>,
     }
@@ -319,6 +359,7 @@ mod events {
             .create_event_set()
             .map_err(|error| query("event set", None, error))?;
         let mut pending = VecDeque::new();
+        let mut registered = Vec::new();
         for uuid in gpu_uuids {
             let device = match backend.device(uuid) {
                 Ok(device) => device,
@@ -342,8 +383,14 @@ mod events {
             set = device
                 .register_events(events, set)
                 .map_err(|error| query("event registration", Some(uuid), error.error))?;
+            registered.push(uuid.clone());
         }
-        Ok(NvmlEventStream { set, pending })
+        Ok(NvmlEventStream {
+            backend,
+            set,
+            registered,
+            pending,
+        })
     }
 
     impl HealthEventStream for NvmlEventStream<'_> {
@@ -352,18 +399,16 @@ mod events {
                 return Ok(Some(event));
             }
             let timeout_ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-            let data = match self.set.wait(timeout_ms) {
+            // The raw wait: nvml-wrapper's drops the GPU and compute instance IDs.
+            let data = match self.backend.mig.wait_event(&self.set, timeout_ms) {
                 Ok(data) => data,
                 Err(NvmlError::Timeout) => return Ok(None),
-                Err(NvmlError::GpuLost) => {
-                    return Ok(Some(HealthEvent::new(
-                        UNKNOWN_DEVICE,
-                        HealthEventKind::GpuLost,
-                    )));
-                }
+                Err(NvmlError::GpuLost) => return Ok(self.lost_gpus()),
                 Err(error) => return Err(query("event wait", None, error)),
             };
-            let uuid = match data.device.uuid() {
+            let event_type = EventTypes::from_bits_truncate(data.eventType);
+            let device = super::ffi::event_device(&data, &self.backend.nvml);
+            let uuid = match device.uuid() {
                 Ok(uuid) => uuid,
                 Err(error) => {
                     tracing::warn!(%error, "event on a device that cannot be named; reporting a lost GPU");
@@ -373,17 +418,69 @@ mod events {
                     )));
                 }
             };
-            let kind = if data.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                HealthEventKind::Xid(match data.event_data {
-                    Some(XidError::Value(xid)) => xid,
-                    Some(XidError::Unknown) | None => UNKNOWN_XID,
-                })
-            } else if data.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
+            let kind = if event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                // NVML's 999 is an XID it could not decode: kept as is, as upstream does.
+                HealthEventKind::Xid(data.eventData)
+            } else if event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
                 HealthEventKind::DoubleBitEcc
             } else {
                 return Ok(None);
             };
+            // An event inside a MIG device carries its GPU and compute instance IDs
+            // (0xFFFFFFFF: the whole GPU): it affects that MIG device only.
+            let uuid = match self.mig_device(&uuid, data.gpuInstanceId, data.computeInstanceId) {
+                Some(mig) => mig,
+                None => uuid,
+            };
             Ok(Some(HealthEvent::new(uuid, kind)))
+        }
+    }
+
+    impl NvmlEventStream<'_> {
+        /// NVML said a registered GPU is lost without saying which: every registered GPU
+        /// that no longer answers is reported; if none can be singled out, an unknown one.
+        fn lost_gpus(&mut self) -> Option<HealthEvent> {
+            for uuid in &self.registered {
+                let answers = self
+                    .backend
+                    .nvml
+                    .device_by_uuid(uuid.as_str())
+                    .and_then(|device| device.uuid());
+                if matches!(answers, Err(NvmlError::GpuLost)) {
+                    self.pending
+                        .push_back(HealthEvent::new(uuid.clone(), HealthEventKind::GpuLost));
+                }
+            }
+            self.pending
+                .pop_front()
+                .or_else(|| Some(HealthEvent::new(UNKNOWN_DEVICE, HealthEventKind::GpuLost)))
+        }
+
+        /// The UUID of the MIG device with these instance IDs on this GPU.
+        fn mig_device(
+            &self,
+            gpu: &str,
+            gpu_instance: u32,
+            compute_instance: u32,
+        ) -> Option<String> {
+            if gpu_instance == u32::MAX {
+                return None;
+            }
+            let devices = match crate::backend::GpuBackend::mig_devices(self.backend, gpu) {
+                Ok(devices) => devices,
+                Err(error) => {
+                    tracing::warn!(gpu, gpu_instance, %error, "MIG device of an event cannot be listed; the event counts for the GPU");
+                    return None;
+                }
+            };
+            devices
+                .into_iter()
+                .find(|device| {
+                    device.gpu_instance_id == gpu_instance
+                        && (compute_instance == u32::MAX
+                            || device.compute_instance_id == compute_instance)
+                })
+                .map(|device| device.uuid)
         }
     }
 }
@@ -450,27 +547,58 @@ mod ffi {
     use nvml_wrapper::error::nvml_try;
     use nvml_wrapper::{Device, Nvml};
     use nvml_wrapper_sys::bindings::{
-        NVML_GPU_INSTANCE_PROFILE_COUNT, NvmlLib, nvmlDevice_t, nvmlGpuInstance_t,
-        nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+        NvmlLib, nvmlDevice_t, nvmlEventData_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+        nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
         nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
         nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
     };
 
     use crate::backend::{BackendError, MigDeviceInfo, MigEngines, MigPlacement, MigProfileInfo};
 
+    /// GPU-instance profiles by NVML enum index: `NVML_GPU_INSTANCE_PROFILE_COUNT` is 0x11 in
+    /// current headers (1- to 8-slice profiles, REV1/REV2, and the `+gfx`, `-me` and
+    /// `+me.all` variants of Blackwell and RTX PRO); nvml-wrapper-sys 0.9 stops at 13.
+    const GPU_INSTANCE_PROFILE_COUNT: u32 = 17;
+
+    /// `nvmlDeviceGetAddressingMode` (NVML 580 and later), not in nvml-wrapper-sys 0.9.
+    type GetAddressingMode =
+        unsafe extern "C" fn(nvmlDevice_t, *mut AddressingMode) -> nvmlReturn_t;
+
+    /// `nvmlDeviceAddressingMode_v1_t`.
+    #[repr(C)]
+    struct AddressingMode {
+        version: u32,
+        value: u32,
+    }
+
     /// A second handle on the NVML library nvml-wrapper loaded (the dynamic loader returns the
     /// same instance, so NVML's initialization and device handles are shared), for the raw
     /// MIG calls.
     pub(super) struct MigLib {
         lib: NvmlLib,
+        /// The same library, for the functions nvml-wrapper-sys has no binding for.
+        raw: libloading::Library,
     }
 
     fn failed(what: &str, gpu: &str, code: nvmlReturn_t) -> BackendError {
         BackendError::Query {
             what: what.to_owned(),
             gpu: Some(gpu.to_owned()),
-            reason: match nvml_try(code) {
-                Err(error) => error.to_string(),
+            reason: describe(code),
+        }
+    }
+
+    /// NVML's meaning of a return code; nvml-wrapper 0.11 does not know every code the MIG
+    /// calls return (INSUFFICIENT_RESOURCES is "unexpected enum variant value: 23" there).
+    pub(super) fn describe(code: nvmlReturn_t) -> String {
+        match code {
+            19 => "in use by another client (NVML_ERROR_IN_USE)".to_owned(),
+            23 => "insufficient resources: the placement is taken or no instance is left \
+                   (NVML_ERROR_INSUFFICIENT_RESOURCES)"
+                .to_owned(),
+            29 => "the GPU is not in a state that allows it (NVML_ERROR_INVALID_STATE)".to_owned(),
+            _ => match nvml_try(code) {
+                Err(error) => format!("{error} (NVML error {code})"),
                 Ok(()) => format!("NVML returned {code}"),
             },
         }
@@ -483,12 +611,71 @@ mod ffi {
         }
     }
 
+    /// The device of an event NVML just delivered.
+    pub(super) fn event_device<'nvml>(data: &nvmlEventData_t, nvml: &'nvml Nvml) -> Device<'nvml> {
+        // SAFETY: the device handle NVML returned with the event, of this NVML instance;
+        // the wrapper only reads through it.
+        unsafe { Device::new(data.device, nvml) }
+    }
+
     impl MigLib {
         pub(super) fn load(library: &OsStr) -> Result<Self, String> {
             // SAFETY: loading the NVML library runs no code beyond its initializers, which
             // nvml-wrapper has already run by loading the same library.
             let lib = unsafe { NvmlLib::new(library) }.map_err(|error| error.to_string())?;
-            Ok(Self { lib })
+            // SAFETY: as above.
+            let raw =
+                unsafe { libloading::Library::new(library) }.map_err(|error| error.to_string())?;
+            Ok(Self { lib, raw })
+        }
+
+        /// `HMM` or `ATS` when the driver exports `nvmlDeviceGetAddressingMode` and the GPU
+        /// uses one; `None` otherwise (older drivers, mode NONE).
+        pub(super) fn addressing_mode(&self, device: &Device<'_>) -> Option<String> {
+            // SAFETY: the symbol, when present, has NVML's signature for this function.
+            let function = unsafe {
+                self.raw
+                    .get::<GetAddressingMode>(b"nvmlDeviceGetAddressingMode\0")
+            }
+            .ok()?;
+            let mut mode = AddressingMode {
+                // NVML's versioned-struct convention: size | version << 24.
+                version: (std::mem::size_of::<AddressingMode>() as u32) | (1 << 24),
+                value: 0,
+            };
+            // SAFETY: a live device handle of the same NVML instance; `mode` a valid,
+            // versioned out-struct.
+            let code = unsafe { function(device.handle(), &mut mode) };
+            if code != nvmlReturn_enum_NVML_SUCCESS {
+                return None;
+            }
+            match mode.value {
+                1 => Some("HMM".to_owned()),
+                2 => Some("ATS".to_owned()),
+                _ => None,
+            }
+        }
+
+        /// `nvmlEventSetWait_v2`, keeping the GPU and compute instance IDs nvml-wrapper drops.
+        pub(super) fn wait_event(
+            &self,
+            set: &nvml_wrapper::event::EventSet<'_>,
+            timeout_ms: u32,
+        ) -> Result<nvmlEventData_t, nvml_wrapper::error::NvmlError> {
+            if self.lib.nvmlEventSetWait_v2.is_err() {
+                return Err(nvml_wrapper::error::NvmlError::FailedToLoadSymbol(
+                    "nvmlEventSetWait_v2".to_owned(),
+                ));
+            }
+            // SAFETY: a plain C struct of a pointer and integers; all zero is valid.
+            let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
+            // SAFETY: symbol checked; the set is live (borrowed) and of this NVML instance;
+            // `data` is a valid out-struct.
+            let code = unsafe {
+                self.lib
+                    .nvmlEventSetWait_v2(set.handle(), &mut data, timeout_ms)
+            };
+            nvml_try(code).map(|()| data)
         }
 
         /// NUMA node of a GPU, when the driver exports `nvmlDeviceGetNumaNodeId` and knows it.
@@ -521,7 +708,7 @@ mod ffi {
             // SAFETY: a live device handle of the same NVML instance.
             let handle: nvmlDevice_t = unsafe { device.handle() };
             let mut profiles = Vec::new();
-            for profile in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
+            for profile in 0..GPU_INSTANCE_PROFILE_COUNT {
                 // SAFETY: a plain C struct of integers and a char array; all zero is valid.
                 let mut info: nvmlGpuInstanceProfileInfo_v2_t = unsafe { std::mem::zeroed() };
                 // NVML's versioned-struct convention: size | version << 24.
@@ -550,6 +737,15 @@ mod ffi {
                     .map(|name| name.to_string_lossy().into_owned())
                     .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned());
                 let name = name.trim().trim_start_matches("MIG ").to_owned();
+                // A profile whose placements NVML will not give is left out, not fatal: the
+                // GPU's other profiles still partition it.
+                let placements = match self.placements(handle, info.id, gpu) {
+                    Ok(placements) => placements,
+                    Err(error) => {
+                        tracing::warn!(gpu, profile = %name, %error, "MIG profile left out: no placements");
+                        continue;
+                    }
+                };
                 profiles.push(MigProfileInfo {
                     id: info.id,
                     name,
@@ -564,9 +760,10 @@ mod ffi {
                         jpeg_engines: info.jpegCount,
                         ofa_engines: info.ofaCount,
                     },
-                    placements: self.placements(handle, info.id, gpu)?,
+                    placements,
                 });
             }
+            crate::backend::sort_mig_profiles(&mut profiles);
             Ok(profiles)
         }
 

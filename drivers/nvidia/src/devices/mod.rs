@@ -840,15 +840,17 @@ fn version(attribute: &'static str, device: &str, value: &str) -> Result<Version
     })
 }
 
-/// The GPU with `pcie_root` and `numa_node` filled from sysfs where the backend left them
-/// out (NVML reports neither the root complex nor, on every platform, the NUMA node).
+/// The GPU with `pcie_root` filled from sysfs where the backend left it out (NVML does not
+/// report the root complex) and `numa_node` taken from sysfs where sysfs has one.
 fn complete_from_host(gpu: &GpuInventory, host: &dyn Host) -> Result<GpuInfo, DiscoveryError> {
     let mut info = gpu.info.clone();
     if info.pcie_root.is_none() {
         info.pcie_root = facts::pcie_root(host, &info.pci.bus_id)?;
     }
-    if info.numa_node.is_none() {
-        info.numa_node = facts::numa_node(host, &info.pci.bus_id)?;
+    // The PCI device's NUMA node from sysfs wins: on GH200 and GB200, NVML's NUMA ID is the
+    // node of the GPU's own memory, not the node the GPU is attached to.
+    if let Some(node) = facts::numa_node(host, &info.pci.bus_id)? {
+        info.numa_node = Some(node);
     }
     Ok(info)
 }

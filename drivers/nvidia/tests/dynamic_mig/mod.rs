@@ -65,10 +65,33 @@ fn mode(gpu: &str, enabled: bool) -> MigCall {
 
 #[tokio::test]
 async fn a_partition_is_created_at_prepare_and_destroyed_at_unprepare() {
-    let r = start_dynamic("dgx-h100").await;
+    partition_round_trip(Fixture::new("dgx-h100")).await;
+}
+
+/// The same on the NVML backend over the libnvidia-ml double: NVML's calls create the
+/// instance the driver records and destroy it again (the mock's call log stays empty).
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_partition_is_created_and_destroyed_through_nvml() {
+    partition_round_trip(Fixture::over_nvml("dgx-h100")).await;
+}
+
+async fn partition_round_trip(f: Fixture) {
+    let over_nvml = f.over_nvml_backend();
+    let driver = f.driver(GATES);
+    let r = start_driver(f, driver).await;
+    r.f.creatable_mig_capabilities();
+    let hardware = r.f.hardware();
     let gpu = r.f.inventory.gpus[0].info.clone();
     let uuid = gpu.uuid.as_str();
     let mig = r.f.backend.mig();
+    // The MIG calls the driver made, as the mock records them (none reach it over NVML).
+    let calls = |expected: &[MigCall]| {
+        let made = mig.take_calls();
+        if !over_nvml {
+            assert_eq!(made, expected);
+        }
+    };
     let claim = r
         .claim(AllocatedClaim::new("default", "slice").device(
             "mig",
@@ -80,15 +103,12 @@ async fn a_partition_is_created_at_prepare_and_destroyed_at_unprepare() {
     let result = r.prepare_one(&claim).await;
     assert_eq!(result.as_ref().unwrap()[0].device, "gpu-0-mig-3g40gb-9-4");
     // Hopper with MIG off: MIG on, then the GPU instance at 4:4, then its compute instance.
-    assert_eq!(
-        mig.take_calls(),
-        [
-            mode(uuid, true),
-            create_gi(uuid, 9, 4, 4),
-            create_ci(uuid, 1)
-        ]
-    );
-    let devices = r.f.backend.mig_devices(uuid).unwrap();
+    calls(&[
+        mode(uuid, true),
+        create_gi(uuid, 9, 4, 4),
+        create_ci(uuid, 1),
+    ]);
+    let devices = hardware.mig_devices(uuid).unwrap();
     assert_eq!(devices.len(), 1);
     assert_eq!(
         (devices[0].profile.as_str(), devices[0].placement),
@@ -127,16 +147,13 @@ async fn a_partition_is_created_at_prepare_and_destroyed_at_unprepare() {
     assert_eq!(unprepared, Ok(()));
     let [destroy_ci, destroy_gi] = destroy(uuid, 1);
     // The last instance gone, Hopper leaves MIG mode so the full GPU can run work again.
-    assert_eq!(
-        mig.take_calls(),
-        [destroy_ci, destroy_gi, mode(uuid, false)]
-    );
-    assert!(r.f.backend.mig_devices(uuid).unwrap().is_empty());
-    assert!(!r.f.backend.mig_mode(uuid).unwrap().unwrap().current);
+    calls(&[destroy_ci, destroy_gi, mode(uuid, false)]);
+    assert!(hardware.mig_devices(uuid).unwrap().is_empty());
+    assert!(!hardware.mig_mode(uuid).unwrap().unwrap().current);
     // Again: nothing left to destroy, no call.
     let again = r.unprepare_one(&claim).await;
     assert_eq!(again, Ok(()));
-    assert!(mig.take_calls().is_empty());
+    calls(&[]);
     r.shutdown().await;
 }
 

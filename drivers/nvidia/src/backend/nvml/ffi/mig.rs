@@ -24,10 +24,7 @@ fn failed(operation: &str, gpu: &str, code: nvmlReturn_t) -> MigError {
     MigError::Failed {
         operation: operation.to_owned(),
         gpu: gpu.to_owned(),
-        reason: match nvml_wrapper::error::nvml_try(code) {
-            Err(error) => error.to_string(),
-            Ok(()) => format!("NVML returned {code}"),
-        },
+        reason: super::describe(code),
     }
 }
 
@@ -56,8 +53,11 @@ impl MigLib {
         };
         match code {
             c if c == nvmlReturn_enum_NVML_SUCCESS => Ok(Some(instance)),
+            // NOT_SUPPORTED: MIG mode is off, so every GPU instance is gone (MIG switched off
+            // outside the plugin): what was to be destroyed already is.
             c if c == nvmlReturn_enum_NVML_ERROR_NOT_FOUND
-                || c == nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT =>
+                || c == nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT
+                || c == nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED =>
             {
                 Ok(None)
             }

@@ -1,0 +1,294 @@
+//! The NVML backend over the libnvidia-ml double (`nvml-mock`): for every shipped profile it
+//! reads what the mock backend reads and the driver publishes the same ResourceSlices; then
+//! what real nodes do to NVML (lost GPUs, GPUs bound to vfio-pci, refused placements, events
+//! inside MIG devices …), each answered as `docs/nvml-double.md` says.
+
+#![cfg(feature = "nvml")]
+
+use dra_driver_nvidia::backend::mock::{MockBackend, SHIPPED_PROFILES};
+use dra_driver_nvidia::backend::nvml::NvmlBackend;
+use dra_driver_nvidia::backend::{GpuBackend, Inventory};
+use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
+use dra_driver_nvidia::host::FakeHostTree;
+use nvml_mock::NvmlDouble;
+
+/// A private double serving `profile`, and the NVML backend on it.
+fn over_double(profile: &str) -> (NvmlDouble, NvmlBackend) {
+    let double = NvmlDouble::new(profile).unwrap_or_else(|error| panic!("{profile}: {error}"));
+    let backend =
+        NvmlBackend::open(double.library()).unwrap_or_else(|error| panic!("{profile}: {error}"));
+    (double, backend)
+}
+
+/// What the mock backend reads, less what NVML cannot report (the PCIe root: discovery reads
+/// it from sysfs).
+fn mock_inventory(profile: &str) -> Inventory {
+    let mut inventory = MockBackend::from_profile(profile)
+        .unwrap()
+        .inventory()
+        .unwrap();
+    for gpu in &mut inventory.gpus {
+        gpu.info.pcie_root = None;
+    }
+    inventory
+}
+
+#[test]
+fn every_profile_reads_the_same_through_nvml() {
+    for (profile, _) in SHIPPED_PROFILES {
+        let (_double, nvml) = over_double(profile);
+        let read = nvml.inventory().unwrap();
+        let expected = mock_inventory(profile);
+        for (nvml_gpu, mock_gpu) in read.gpus.iter().zip(&expected.gpus) {
+            assert_eq!(nvml_gpu, mock_gpu, "{profile}: GPU {}", mock_gpu.info.index);
+        }
+        assert_eq!(read, expected, "{profile}");
+    }
+}
+
+#[test]
+fn every_profile_publishes_the_same_slices_through_nvml() {
+    let layouts = [
+        DiscoveryOptions::new(),
+        DiscoveryOptions::new().passthrough(true),
+        DiscoveryOptions::new().dynamic_mig(true),
+    ];
+    for (profile, _) in SHIPPED_PROFILES {
+        for options in &layouts {
+            let dir = tempfile::tempdir().unwrap();
+            let mock = MockBackend::from_profile(profile).unwrap();
+            let host = FakeHostTree::new(dir.path())
+                .dynamic_mig(options.dynamic_mig)
+                .build(mock.hardware())
+                .unwrap();
+            let (_double, nvml) = over_double(profile);
+            let through_mock = Discovery::discover(&mock, &host, options)
+                .unwrap()
+                .resources("node-1");
+            let through_nvml = Discovery::discover(&nvml, &host, options)
+                .unwrap()
+                .resources("node-1");
+            // The Debug rendering holds every field of every device, counter and pool in order.
+            assert_eq!(
+                format!("{through_nvml:#?}"),
+                format!("{through_mock:#?}"),
+                "{profile} {options:?}"
+            );
+        }
+    }
+}
+
+// ---- what real nodes do to NVML ------------------------------------------------------------
+
+use std::time::Duration;
+
+use dra_driver_nvidia::backend::events::HealthEventKind;
+use dra_driver_nvidia::backend::mig::{MigError, MigManager};
+use dra_driver_nvidia::backend::{MigMode, MigPlacement};
+
+/// The `mixed` profile's A100, with its MIG devices.
+fn mig_gpu(backend: &NvmlBackend) -> dra_driver_nvidia::backend::GpuInventory {
+    backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .into_iter()
+        .find(|gpu| !gpu.mig_devices.is_empty())
+        .unwrap()
+}
+
+fn uuids(backend: &NvmlBackend) -> Vec<String> {
+    backend
+        .gpus()
+        .unwrap()
+        .into_iter()
+        .map(|gpu| gpu.uuid)
+        .collect()
+}
+
+#[test]
+fn nvml_starts_when_every_gpu_is_bound_to_vfio_pci() {
+    let double = NvmlDouble::new("dgx-h100").unwrap();
+    let all = uuids(&NvmlBackend::open(double.library()).unwrap());
+    for uuid in &all {
+        double.set_detached(uuid, true).unwrap();
+    }
+    // NVML_INIT_FLAG_NO_GPUS: init succeeds, and there is nothing to publish.
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    assert!(backend.gpus().unwrap().is_empty());
+    // One back on nvidia: NVML sees it again.
+    double.set_detached(&all[2], false).unwrap();
+    assert_eq!(uuids(&backend), [all[2].clone()]);
+}
+
+#[test]
+fn gpu_device_nodes_are_held_only_while_nvml_is_initialised() {
+    let dir = tempfile::tempdir().unwrap();
+    let mock = MockBackend::from_profile("dgx-h100").unwrap();
+    FakeHostTree::new(dir.path())
+        .build(mock.hardware())
+        .unwrap();
+    let double = NvmlDouble::with_root("dgx-h100", dir.path()).unwrap();
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    assert_eq!(double.init_count().unwrap(), 1);
+    assert_eq!(double.open_node_count().unwrap(), 0, "no handle taken yet");
+    backend.inventory().unwrap();
+    assert_eq!(double.open_node_count().unwrap(), 8);
+    // What a "who holds /dev/nvidia0" check sees: this process.
+    let node = std::fs::canonicalize(dir.path().join("dev/nvidia0")).unwrap();
+    let held = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == node));
+    assert!(held, "the library holds {} open", node.display());
+    drop(backend);
+    assert_eq!(double.init_count().unwrap(), 0);
+    assert_eq!(
+        double.open_node_count().unwrap(),
+        0,
+        "nvmlShutdown closes them"
+    );
+}
+
+#[test]
+fn a_lost_gpu_is_left_out_and_reported_alone() {
+    let double = NvmlDouble::new("dgx-h100").unwrap();
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    let all = uuids(&backend);
+    let mut stream = backend.health_events(&all).unwrap();
+    double.lose_gpu(&all[3]).unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(event.uuid, all[3], "the lost GPU, not every GPU");
+    assert_eq!(event.kind, HealthEventKind::GpuLost);
+    drop(stream);
+    // Discovery goes on without it.
+    let left = uuids(&backend);
+    assert_eq!(left.len(), 7);
+    assert!(!left.contains(&all[3]));
+}
+
+#[test]
+fn an_xid_inside_a_mig_device_names_the_mig_device() {
+    let (double, backend) = over_double("mixed");
+    let a100 = mig_gpu(&backend);
+    let mig = &a100.mig_devices[2];
+    let mut stream = backend.health_events(&uuids(&backend)).unwrap();
+    double
+        .inject_xid(
+            &a100.info.uuid,
+            94,
+            Some((mig.gpu_instance_id, mig.compute_instance_id)),
+        )
+        .unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (mig.uuid.as_str(), HealthEventKind::Xid(94))
+    );
+    // Outside any MIG device: the GPU.
+    double.inject_xid(&a100.info.uuid, 79, None).unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(event.uuid, a100.info.uuid);
+    double.inject_double_bit_ecc(&a100.info.uuid).unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(event.kind, HealthEventKind::DoubleBitEcc);
+}
+
+#[test]
+fn odd_answers_do_not_stop_discovery() {
+    let double = NvmlDouble::new("dgx-a100").unwrap();
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    let first = uuids(&backend)[0].clone();
+    // A brand a newer driver added, a GPU without a memory size, a profile whose placements
+    // NVML refuses.
+    double.set_raw_brand(&first, 42).unwrap();
+    double.memory_not_supported(&first).unwrap();
+    double.refuse_placements(&first, 19).unwrap();
+    let gpu = backend.inventory().unwrap().gpus.remove(0);
+    assert_eq!(gpu.info.brand, "Unknown");
+    assert_eq!(gpu.info.memory_bytes, 0);
+    let ids: Vec<u32> = gpu.mig_profiles.iter().map(|profile| profile.id).collect();
+    assert!(!ids.contains(&19), "{ids:?}");
+    assert_eq!(ids.len(), 6, "the other profiles stay: {ids:?}");
+}
+
+#[test]
+fn mig_changes_answer_with_nvml_error_codes() {
+    let double = NvmlDouble::new("dgx-h100").unwrap();
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    let gpu = uuids(&backend)[0].clone();
+    // MIG off: creating is refused.
+    let error = backend
+        .create_gpu_instance(&gpu, 19, MigPlacement::new(0, 1))
+        .unwrap_err();
+    // NVML_ERROR_NOT_SUPPORTED, in nvml-wrapper's words.
+    assert!(error.to_string().contains("not available"), "{error}");
+    // Hopper switches at once.
+    assert_eq!(
+        backend.set_mig_mode(&gpu, true).unwrap(),
+        MigMode::settled(true)
+    );
+    let gi = backend
+        .create_gpu_instance(&gpu, 9, MigPlacement::new(0, 4))
+        .unwrap();
+    let ci = backend.create_compute_instance(&gpu, gi).unwrap();
+    let taken = backend
+        .create_gpu_instance(&gpu, 19, MigPlacement::new(2, 1))
+        .unwrap_err();
+    // NVML's INSUFFICIENT_RESOURCES, with the holder found as the mock backend names it.
+    assert!(
+        matches!(taken, MigError::PlacementTaken { gpu_instance_id, .. } if gpu_instance_id == gi),
+        "{taken}"
+    );
+    let in_use = backend.destroy_gpu_instance(&gpu, gi).unwrap_err();
+    assert!(
+        in_use.to_string().to_lowercase().contains("in use"),
+        "{in_use}"
+    );
+    let devices = backend.mig_devices(&gpu).unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].profile, "3g.40gb");
+    backend.destroy_compute_instance(&gpu, gi, ci).unwrap();
+    backend.destroy_gpu_instance(&gpu, gi).unwrap();
+    assert!(backend.gpu_instances(&gpu).unwrap().is_empty());
+    assert_eq!(
+        backend.set_mig_mode(&gpu, false).unwrap(),
+        MigMode::settled(false)
+    );
+}
+
+#[test]
+fn a_mig_mode_change_stays_pending_while_the_gpu_is_busy() {
+    let double = NvmlDouble::new("dgx-h100").unwrap();
+    let backend = NvmlBackend::open(double.library()).unwrap();
+    let gpu = uuids(&backend)[1].clone();
+    double.set_busy(&gpu, true).unwrap();
+    let mode = backend.set_mig_mode(&gpu, true).unwrap();
+    assert_eq!(
+        mode,
+        MigMode {
+            current: false,
+            pending: true
+        }
+    );
+}
+
+#[test]
+fn instances_gone_with_mig_switched_off_outside_count_as_destroyed() {
+    let (double, backend) = over_double("mixed");
+    let a100 = mig_gpu(&backend);
+    let mig = &a100.mig_devices[0];
+    double.set_mig_mode_outside(&a100.info.uuid, false).unwrap();
+    // Unprepare of a MIG device whose instances went with MIG mode: nothing left to do.
+    backend
+        .destroy_compute_instance(
+            &a100.info.uuid,
+            mig.gpu_instance_id,
+            mig.compute_instance_id,
+        )
+        .unwrap();
+    backend
+        .destroy_gpu_instance(&a100.info.uuid, mig.gpu_instance_id)
+        .unwrap();
+    assert!(backend.gpu_instances(&a100.info.uuid).unwrap().is_empty());
+}
