@@ -28,13 +28,34 @@ async fn conformant(profile: &str, single_device: bool) {
 
 /// The suite with more plugin flags (feature gates, `--consumable-shares`).
 async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
-    let cli = plugin_cli(&[&["--mock-profile", profile], flags].concat());
+    conformant_on(profile, single_device, flags, false).await;
+}
+
+/// The suite; with `over_nvml`, the driver reads and changes the machine through the NVML
+/// backend over the libnvidia-ml double serving the same profile (the mock host tree stays:
+/// it is the node's /dev, /proc and /sys). What is published is the mock plugin's, which
+/// `tests/nvml_double.rs` shows is what the NVML backend publishes.
+async fn conformant_on(profile: &str, single_device: bool, flags: &[&str], over_nvml: bool) {
+    let host_root = tempfile::tempdir().unwrap();
+    let root = host_root.path().join("host");
+    let root_flag = root.to_str().unwrap();
+    let cli = plugin_cli(
+        &[
+            &["--mock-profile", profile, "--mock-host-root", root_flag],
+            flags,
+        ]
+        .concat(),
+    );
     let gates = cli.nvidia.feature_gates.clone();
     let consumable: ConsumableShares = cli.nvidia.consumable_shares.parse().unwrap();
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
     let resources = nvidia.resources(NODE_NAME);
-    let (backend, host) = (Arc::clone(&nvidia.backend), Arc::clone(&nvidia.host));
-    let mig = Arc::clone(&nvidia.mig_manager);
+    let (mut backend, host) = (Arc::clone(&nvidia.backend), Arc::clone(&nvidia.host));
+    let mut mig = Arc::clone(&nvidia.mig_manager);
+    let mut _double = None;
+    if over_nvml {
+        (backend, mig, _double) = nvml_backend(profile, &root);
+    }
     let serialize = nvidia.driver.serializes_operations();
     let report = Conformance::in_process_with(move |cluster| {
         // As the binary at each start: the plugin's start-up reconcile reserves what the
@@ -77,6 +98,60 @@ async fn conformant_with(profile: &str, single_device: bool, flags: &[&str]) {
         "{profile}: not passed: {not_passed:?}\n{report}"
     );
     drop(nvidia);
+}
+
+/// The NVML backend over the double serving `profile` with its nodes under `root`.
+#[cfg(feature = "nvml")]
+fn nvml_backend(
+    profile: &str,
+    root: &std::path::Path,
+) -> (
+    Arc<dyn dra_driver_nvidia::backend::GpuBackend>,
+    Arc<dyn dra_driver_nvidia::backend::mig::MigManager>,
+    Option<nvml_mock::NvmlDouble>,
+) {
+    let double = nvml_mock::NvmlDouble::with_root(profile, root).unwrap();
+    let backend =
+        Arc::new(dra_driver_nvidia::backend::nvml::NvmlBackend::open(double.library()).unwrap());
+    (backend.clone(), backend, Some(double))
+}
+
+#[cfg(not(feature = "nvml"))]
+fn nvml_backend(
+    _profile: &str,
+    _root: &std::path::Path,
+) -> (
+    Arc<dyn dra_driver_nvidia::backend::GpuBackend>,
+    Arc<dyn dra_driver_nvidia::backend::mig::MigManager>,
+    Option<()>,
+) {
+    unreachable!("the tests over NVML are built with the nvml feature only")
+}
+
+/// Every shipped profile, on the NVML backend over the double.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn every_profile_is_conformant_over_nvml() {
+    for (profile, _) in dra_driver_nvidia::backend::mock::SHIPPED_PROFILES {
+        conformant_on(profile, *profile == "workstation", &[], true).await;
+    }
+}
+
+/// Dynamic MIG with health checking, on the NVML backend over the double: partitions created
+/// and destroyed through NVML's calls, events through an NVML event set.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn dynamic_mig_is_conformant_over_nvml() {
+    conformant_on(
+        "dgx-h100",
+        false,
+        &[
+            "--feature-gates",
+            "DynamicMIG=true,NVMLDeviceHealthCheck=true",
+        ],
+        true,
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -292,3 +292,23 @@ fn instances_gone_with_mig_switched_off_outside_count_as_destroyed() {
         .unwrap();
     assert!(backend.gpu_instances(&a100.info.uuid).unwrap().is_empty());
 }
+
+#[test]
+fn a_gpu_refusing_event_registration_is_unmonitored_alone() {
+    let (double, backend) = over_double("dgx-h100");
+    let all = uuids(&backend);
+    double.refuse_events(&all[5]).unwrap();
+    let mut stream = backend.health_events(&all).unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (all[5].as_str(), HealthEventKind::Unmonitored)
+    );
+    // The others are watched.
+    double.inject_xid(&all[0], 48, None).unwrap();
+    let event = stream.wait(Duration::from_secs(5)).unwrap().unwrap();
+    assert_eq!(
+        (event.uuid.as_str(), event.kind),
+        (all[0].as_str(), HealthEventKind::Xid(48))
+    );
+}

@@ -15,6 +15,9 @@ pub enum HealthEventKind {
     DoubleBitEcc,
     /// The GPU fell off the bus (NVML `ERROR_GPU_IS_LOST`) or can no longer be resolved.
     GpuLost,
+    /// Events on this GPU cannot be watched (its registration failed): its devices are
+    /// Unknown, the other GPUs stay watched.
+    Unmonitored,
 }
 
 impl fmt::Display for HealthEventKind {
@@ -23,6 +26,7 @@ impl fmt::Display for HealthEventKind {
             Self::Xid(xid) => write!(f, "xid {xid}"),
             Self::DoubleBitEcc => f.write_str("double-bit-ecc"),
             Self::GpuLost => f.write_str("gpu-lost"),
+            Self::Unmonitored => f.write_str("unmonitored"),
         }
     }
 }
@@ -72,7 +76,7 @@ impl fmt::Display for HealthEvent {
 /// A health event line that does not parse.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "invalid health event {line:?}: expected `<uuid> xid <number>`, `<uuid> double-bit-ecc` or `<uuid> gpu-lost`"
+    "invalid health event {line:?}: expected `<uuid> xid <number>`, `<uuid> double-bit-ecc`, `<uuid> gpu-lost` or `<uuid> unmonitored`"
 )]
 pub struct EventParseError {
     /// The line.
@@ -91,6 +95,7 @@ impl FromStr for HealthEvent {
             [_, "xid", number] => HealthEventKind::Xid(number.parse().map_err(|_| invalid())?),
             [_, "double-bit-ecc"] => HealthEventKind::DoubleBitEcc,
             [_, "gpu-lost"] => HealthEventKind::GpuLost,
+            [_, "unmonitored"] => HealthEventKind::Unmonitored,
             _ => return Err(invalid()),
         };
         Ok(Self::new(words[0], kind))

@@ -354,7 +354,7 @@ mod events {
         gpu_uuids: &[String],
     ) -> Result<NvmlEventStream<'nvml>, BackendError> {
         let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
-        let mut set = backend
+        let set = backend
             .nvml
             .create_event_set()
             .map_err(|error| query("event set", None, error))?;
@@ -369,21 +369,33 @@ mod events {
                     continue;
                 }
             };
-            // A GPU that supports only some of the events is registered for those.
-            let supported = device
-                .supported_event_types()
-                .map_err(|error| query("supported event types", Some(uuid), error))?;
-            let events = wanted & supported;
+            // A GPU that supports only some of the events is registered for those; one that
+            // supports none, or refuses registration, is unmonitored alone: the other GPUs
+            // stay watched.
+            let unmonitored = |why: String| {
+                tracing::warn!(%uuid, reason = %why, "health events of this GPU cannot be watched; its devices are unmonitored");
+                HealthEvent::new(uuid.clone(), HealthEventKind::Unmonitored)
+            };
+            let events = match device.supported_event_types() {
+                Ok(supported) => wanted & supported,
+                Err(error) => {
+                    pending.push_back(unmonitored(format!("supported event types: {error}")));
+                    continue;
+                }
+            };
             if events.is_empty() {
-                return Err(BackendError::Unsupported {
-                    what: format!("XID and ECC events on {uuid}"),
-                    backend: "nvml".into(),
-                });
+                pending.push_back(unmonitored("no XID or ECC events on this GPU".into()));
+                continue;
             }
-            set = device
-                .register_events(events, set)
-                .map_err(|error| query("event registration", Some(uuid), error.error))?;
-            registered.push(uuid.clone());
+            // The raw call: nvml-wrapper frees the whole set when one GPU refuses.
+            match backend.mig.register_events(&device, events.bits(), &set) {
+                Ok(()) => registered.push(uuid.clone()),
+                Err(NvmlError::Unknown) => {
+                    // NVML leaves the set undefined after UNKNOWN: nothing can be watched.
+                    return Err(query("event registration", Some(uuid), NvmlError::Unknown));
+                }
+                Err(error) => pending.push_back(unmonitored(format!("registration: {error}"))),
+            }
         }
         Ok(NvmlEventStream {
             backend,
@@ -654,6 +666,28 @@ mod ffi {
                 2 => Some("ATS".to_owned()),
                 _ => None,
             }
+        }
+
+        /// `nvmlDeviceRegisterEvents`, leaving the set as it was when NVML refuses (nvml-wrapper
+        /// frees it).
+        pub(super) fn register_events(
+            &self,
+            device: &Device<'_>,
+            events: u64,
+            set: &nvml_wrapper::event::EventSet<'_>,
+        ) -> Result<(), nvml_wrapper::error::NvmlError> {
+            if self.lib.nvmlDeviceRegisterEvents.is_err() {
+                return Err(nvml_wrapper::error::NvmlError::FailedToLoadSymbol(
+                    "nvmlDeviceRegisterEvents".to_owned(),
+                ));
+            }
+            // SAFETY: symbol checked; a live device handle and a live set (borrowed), both of
+            // this NVML instance.
+            let code = unsafe {
+                self.lib
+                    .nvmlDeviceRegisterEvents(device.handle(), events, set.handle())
+            };
+            nvml_try(code)
         }
 
         /// `nvmlEventSetWait_v2`, keeping the GPU and compute instance IDs nvml-wrapper drops.

@@ -39,6 +39,7 @@
 //! log). MIG mode is toggled only on GPUs that switch without a reset (Hopper and later).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use dra_sdk::cdi::ContainerEdits;
@@ -49,6 +50,7 @@ use super::{ClaimState, Inner, PreparedKind, device_error};
 use crate::backend::mig::{MigError, MigManager, can_toggle_mig_mode, needs_reset};
 use crate::backend::{GpuInfo, MigPlacement, MigProfileInfo};
 use crate::devices::MigPartition;
+use crate::host::facts;
 
 /// A MIG partition prepared for a claim: what unprepare destroys. The `driver_state` entry
 /// of the device, with `"type": "migdyn"`.
@@ -221,9 +223,29 @@ pub(super) fn create(
             .set_mig_mode(gpu, true)
             .map_err(|error| device_error(device, error))?;
         if !now.current {
+            // NVML left the change pending: something holds the GPU. Say what, and undo the
+            // pending change so the GPU does not switch at its next reset behind everyone's
+            // back.
+            let node = format!("/dev/nvidia{}", plan.parent.minor);
+            let holders = match facts::node_holders(inner.host.as_ref(), Path::new(&node)) {
+                Ok(holders) if !holders.is_empty() => holders
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Ok(_) => "no process this plugin can see".to_owned(),
+                Err(error) => format!("(the holders cannot be listed: {error})"),
+            };
+            let reverted = match mig.set_mig_mode(gpu, false) {
+                Ok(_) => "the pending change was reverted".to_owned(),
+                Err(error) => format!("reverting the pending change failed: {error}"),
+            };
             return Err(device_error(
                 device,
-                "turning MIG mode on did not take effect without a reset",
+                format!(
+                    "turning MIG mode on is pending: the GPU is in use ({node} held by \
+                     {holders}); {reverted}; retry when the GPU is idle"
+                ),
             ));
         }
     }

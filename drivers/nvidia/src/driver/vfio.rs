@@ -358,31 +358,9 @@ impl<'a> VfioBinder<'a> {
         }
     }
 
-    /// Whether any process has `node` open, from the `/proc/<pid>/fd` links. Processes that
-    /// exit or hide their descriptors while being read are skipped.
+    /// Whether any process has `node` open, from the `/proc/<pid>/fd` links.
     fn held_open(&self, node: &str) -> Result<bool, HostError> {
-        let pids = match self.host.read_dir(Path::new("/proc")) {
-            Ok(names) => names,
-            Err(error) if error.is_not_found() => return Ok(false),
-            Err(error) => return Err(error),
-        };
-        for pid in pids
-            .iter()
-            .filter(|name| name.bytes().all(|b| b.is_ascii_digit()))
-        {
-            let fd_dir = PathBuf::from("/proc").join(pid).join("fd");
-            let Ok(fds) = self.host.read_dir(&fd_dir) else {
-                continue;
-            };
-            for fd in fds {
-                if let Ok(target) = self.host.read_link(&fd_dir.join(fd))
-                    && target == Path::new(node)
-                {
-                    return Ok(true);
-                }
-            }
-        }
-        Ok(false)
+        facts::node_holders(self.host, Path::new(node)).map(|holders| !holders.is_empty())
     }
 }
 

@@ -149,7 +149,10 @@ pub struct HealthTracker {
     policy: HealthPolicy,
     map: DeviceMap,
     faults: BTreeMap<String, Faults>,
+    /// Every device is unmonitored (the event stream failed), and why.
     unmonitored: Option<String>,
+    /// Devices of GPUs whose event registration failed alone, and why.
+    unmonitored_devices: BTreeMap<String, String>,
 }
 
 impl HealthTracker {
@@ -161,6 +164,7 @@ impl HealthTracker {
             map,
             faults: BTreeMap::new(),
             unmonitored: None,
+            unmonitored_devices: BTreeMap::new(),
         }
     }
 
@@ -177,7 +181,9 @@ impl HealthTracker {
     pub fn state(&self, device: &str) -> DeviceState {
         let faults = self.faults.get(device);
         let pool = &self.map.pool(&self.pool, device);
-        let mut state = match (faults, &self.unmonitored) {
+        let unmonitored =
+            self.unmonitored.is_some() || self.unmonitored_devices.contains_key(device);
+        let mut state = match (faults, unmonitored) {
             (Some(faults), _) if faults.is_unhealthy() => {
                 let message = faults
                     .taints
@@ -188,7 +194,10 @@ impl HealthTracker {
                     .join("; ");
                 DeviceState::unhealthy(pool, device, message)
             }
-            (_, Some(_)) => DeviceState::unknown(pool, device),
+            (_, true) => match self.unmonitored_devices.get(device) {
+                Some(reason) => DeviceState::unknown(pool, device).with_message(reason.clone()),
+                None => DeviceState::unknown(pool, device),
+            },
             _ => DeviceState::healthy(pool, device),
         };
         if let Some(faults) = faults {
@@ -200,7 +209,7 @@ impl HealthTracker {
                 state = state.with_taint(taint);
             }
         }
-        if self.unmonitored.is_some() {
+        if unmonitored {
             state = state.with_taint(DeviceTaint::new(TAINT_UNMONITORED, TaintEffect::None));
         }
         state
@@ -215,6 +224,19 @@ impl HealthTracker {
 
     /// Applies an event; the states of the devices it changed.
     pub fn on_event(&mut self, event: &HealthEvent, now: Instant) -> Vec<DeviceState> {
+        if event.kind == HealthEventKind::Unmonitored {
+            let Some(affected) = self.map.affected(&event.uuid) else {
+                tracing::warn!(uuid = %event.uuid, "unmonitored event on an unknown device; ignored");
+                return Vec::new();
+            };
+            for device in &affected {
+                self.unmonitored_devices.insert(
+                    device.clone(),
+                    format!("no health events from {}", event.uuid),
+                );
+            }
+            return affected.iter().map(|device| self.state(device)).collect();
+        }
         let (key, value, effect) = match event.kind {
             HealthEventKind::Xid(xid) => {
                 let effect = if self.policy.ignored_xids.contains(&xid) {
@@ -228,6 +250,7 @@ impl HealthTracker {
                 (TAINT_XID, Some("dbe".to_owned()), TaintEffect::NoSchedule)
             }
             HealthEventKind::GpuLost => (TAINT_GPU_LOST, None, TaintEffect::NoSchedule),
+            HealthEventKind::Unmonitored => return Vec::new(), // handled above
         };
         let affected = match self.map.affected(&event.uuid) {
             Some(devices) => devices,
@@ -617,6 +640,26 @@ mod tests {
             Instant::now(),
         );
         assert_eq!(changed.len(), 3);
+    }
+
+    #[test]
+    fn a_gpu_without_events_is_unmonitored_alone() {
+        let mut tracker = tracker(HealthPolicy::default());
+        let all = tracker.states().len();
+        let changed = tracker.on_event(
+            &HealthEvent::new("GPU-0", HealthEventKind::Unmonitored),
+            Instant::now(),
+        );
+        assert!(!changed.is_empty() && changed.len() < all, "{changed:?}");
+        for state in tracker.states() {
+            let expected = changed.iter().any(|c| c.device == state.device);
+            assert_eq!(state.status == HealthStatus::Unknown, expected, "{state:?}");
+            assert_eq!(
+                !taints(&state).is_empty(),
+                expected,
+                "only the unwatched GPU's devices carry the taint: {state:?}"
+            );
+        }
     }
 
     #[test]

@@ -352,6 +352,54 @@ pub mod facts {
         }
     }
 
+    /// A process holding a device node open.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct NodeHolder {
+        /// Its process ID (in the host's pid namespace).
+        pub pid: u32,
+        /// Its command name (`/proc/<pid>/comm`), empty when unreadable.
+        pub name: String,
+    }
+
+    impl std::fmt::Display for NodeHolder {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self.name.as_str() {
+                "" => write!(f, "PID {}", self.pid),
+                name => write!(f, "PID {} ({name})", self.pid),
+            }
+        }
+    }
+
+    /// The processes holding `node` open, from the `/proc/<pid>/fd` links the host shows.
+    /// Processes that exit or hide their descriptors while being read are skipped.
+    pub fn node_holders(host: &dyn Host, node: &Path) -> Result<Vec<NodeHolder>, HostError> {
+        let pids = match host.read_dir(Path::new("/proc")) {
+            Ok(names) => names,
+            Err(error) if error.is_not_found() => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        let mut holders = Vec::new();
+        for pid in pids.iter().filter_map(|name| name.parse::<u32>().ok()) {
+            let process = PathBuf::from("/proc").join(pid.to_string());
+            let fd_dir = process.join("fd");
+            let Ok(fds) = host.read_dir(&fd_dir) else {
+                continue;
+            };
+            let holds = fds.iter().any(|fd| {
+                host.read_link(&fd_dir.join(fd))
+                    .is_ok_and(|target| target == node)
+            });
+            if holds {
+                let name = host
+                    .read_to_string(&process.join("comm"))
+                    .map(|name| name.trim().to_owned())
+                    .unwrap_or_default();
+                holders.push(NodeHolder { pid, name });
+            }
+        }
+        Ok(holders)
+    }
+
     /// The NUMA node of a PCI device; `None` when the file is missing or says `-1`.
     pub fn numa_node(host: &dyn Host, bus_id: &str) -> Result<Option<u32>, HostError> {
         let path = pci_device_dir(bus_id).join("numa_node");

@@ -21,6 +21,16 @@ async fn start_dynamic(profile: &str) -> Running {
     r
 }
 
+/// A claim for the 3g.40gb partition at 4:4 of GPU 0 (`dgx-h100`).
+fn slice_of_gpu_0() -> AllocatedClaim {
+    AllocatedClaim::new("default", "slice").device(
+        "mig",
+        DRIVER_NAME,
+        NODE_NAME,
+        "gpu-0-mig-3g40gb-9-4",
+    )
+}
+
 fn record(r: &Running, claim: &ClaimRef) -> dra_sdk::advanced::checkpoint::ClaimRecord {
     let (checkpoint, _) =
         Checkpoint::open(&r.cluster.plugins_dir().join(DRIVER_NAME), BOOT_ID).unwrap();
@@ -92,14 +102,7 @@ async fn partition_round_trip(f: Fixture) {
             assert_eq!(made, expected);
         }
     };
-    let claim = r
-        .claim(AllocatedClaim::new("default", "slice").device(
-            "mig",
-            DRIVER_NAME,
-            NODE_NAME,
-            "gpu-0-mig-3g40gb-9-4",
-        ))
-        .await;
+    let claim = r.claim(slice_of_gpu_0()).await;
     let result = r.prepare_one(&claim).await;
     assert_eq!(result.as_ref().unwrap()[0].device, "gpu-0-mig-3g40gb-9-4");
     // Hopper with MIG off: MIG on, then the GPU instance at 4:4, then its compute instance.
@@ -154,6 +157,32 @@ async fn partition_round_trip(f: Fixture) {
     let again = r.unprepare_one(&claim).await;
     assert_eq!(again, Ok(()));
     calls(&[]);
+    r.shutdown().await;
+}
+
+/// A MIG mode change NVML leaves pending (a process holds the GPU) fails the claim with the
+/// holder's name, and is reverted so the GPU does not switch at its next reset.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_pending_mig_mode_change_names_the_holder_and_is_reverted() {
+    let f = Fixture::over_nvml("dgx-h100");
+    let gpu = f.inventory.gpus[0].info.clone();
+    f.double().set_busy(&gpu.uuid, true).unwrap();
+    f.holder(4242, "python3", &format!("/dev/nvidia{}", gpu.minor));
+    let driver = f.driver(GATES);
+    let r = start_driver(f, driver).await;
+    let claim = r.claim(slice_of_gpu_0()).await;
+    let error = r.prepare_one(&claim).await.unwrap_err();
+    assert_contains(&error, "pending");
+    assert_contains(&error, "PID 4242 (python3)");
+    assert_contains(&error, "reverted");
+    let mode = r.f.hardware().mig_mode(&gpu.uuid).unwrap().unwrap();
+    assert_eq!(
+        (mode.current, mode.pending),
+        (false, false),
+        "nothing left pending"
+    );
+    assert!(r.f.hardware().mig_devices(&gpu.uuid).unwrap().is_empty());
     r.shutdown().await;
 }
 
