@@ -737,10 +737,14 @@ fn prepare_devices(
                         "internal: VFIO device without a VFIO config",
                     ));
                 };
+                // NVML lets go of the GPUs while the binder waits for the GPU to be idle:
+                // the plugin itself must not be what holds /dev/nvidia<minor>.
+                let released = inner.backend.release_devices();
                 let binding = inner
                     .binder()
                     .bind(bus_id, *minor)
                     .map_err(|error| device_error(&plan.device, error))?;
+                drop(released);
                 log.binding(&binding);
                 // A retry finds the GPU on VFIO already; what to restore is what the earlier
                 // attempt found.

@@ -43,6 +43,19 @@ fn every_profile_reads_the_same_through_nvml() {
             assert_eq!(nvml_gpu, mock_gpu, "{profile}: GPU {}", mock_gpu.info.index);
         }
         assert_eq!(read, expected, "{profile}");
+        // One GPU at a time, as prepare and unprepare ask.
+        for gpu in &expected.gpus {
+            assert_eq!(
+                nvml.gpu(&gpu.info.uuid).unwrap().as_ref(),
+                Some(&gpu.info),
+                "{profile}"
+            );
+        }
+        assert_eq!(
+            nvml.gpu("GPU-00000000-0000-0000-0000-000000000000")
+                .unwrap(),
+            None
+        );
     }
 }
 
@@ -122,7 +135,7 @@ fn nvml_starts_when_every_gpu_is_bound_to_vfio_pci() {
 }
 
 #[test]
-fn gpu_device_nodes_are_held_only_while_nvml_is_initialised() {
+fn gpu_device_nodes_are_let_go_at_shutdown_and_while_released() {
     let dir = tempfile::tempdir().unwrap();
     let mock = MockBackend::from_profile("dgx-h100").unwrap();
     FakeHostTree::new(dir.path())
@@ -141,6 +154,19 @@ fn gpu_device_nodes_are_held_only_while_nvml_is_initialised() {
         .flatten()
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == node));
     assert!(held, "the library holds {} open", node.display());
+    // Released (a GPU is about to go to vfio-pci): NVML shuts down between calls.
+    let released = backend.release_devices();
+    assert_eq!(double.open_node_count().unwrap(), 0);
+    assert_eq!(double.init_count().unwrap(), 0);
+    backend.inventory().unwrap();
+    assert_eq!(
+        double.open_node_count().unwrap(),
+        0,
+        "a call while released leaves nothing open"
+    );
+    drop(released);
+    backend.inventory().unwrap();
+    assert_eq!(double.open_node_count().unwrap(), 8, "shared again");
     drop(backend);
     assert_eq!(double.init_count().unwrap(), 0);
     assert_eq!(
@@ -161,6 +187,11 @@ fn a_lost_gpu_is_left_out_and_reported_alone() {
     assert_eq!(event.uuid, all[3], "the lost GPU, not every GPU");
     assert_eq!(event.kind, HealthEventKind::GpuLost);
     drop(stream);
+    assert_eq!(
+        backend.gpu(&all[3]).unwrap(),
+        None,
+        "gone for unprepare too"
+    );
     // Discovery goes on without it.
     let left = uuids(&backend);
     assert_eq!(left.len(), 7);

@@ -334,6 +334,17 @@ fn device_paths(edits: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// A claim for `gpu-vfio-0` with a VFIO config, as KubeVirt makes one.
+fn vfio_claim_of_gpu_0() -> AllocatedClaim {
+    AllocatedClaim::new("default", "vm")
+        .device("vm", DRIVER_NAME, NODE_NAME, "gpu-vfio-0")
+        .claim_config(
+            &["vm"],
+            DRIVER_NAME,
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}),
+        )
+}
+
 fn gpu_config() -> Value {
     json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"})
 }
@@ -631,6 +642,50 @@ async fn a_device_prepared_for_another_claim_is_refused_except_for_admin_access(
     r.shutdown().await;
 }
 
+/// On the NVML backend over the double, the plugin holds the GPU's node through NVML until a
+/// VFIO prepare releases it: the idle check (here a `fuser` that looks at this very process's
+/// descriptors) finds nobody, and the GPU is rebound.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_vfio_prepare_over_nvml_finds_no_hold_by_the_plugin() {
+    let f = Fixture::over_nvml("workstation");
+    let driver = f.driver("PassthroughSupport=true");
+    let r = start_driver(f, driver).await;
+    let gpu = r.f.inventory.gpus[0].info.clone();
+    let node = r.f.host_path(&format!("/dev/nvidia{}", gpu.minor));
+    r.f.hardware().inventory().unwrap();
+    assert_eq!(
+        r.f.double().open_node_count().unwrap(),
+        1,
+        "NVML holds the GPU"
+    );
+    // `fuser /dev/nvidia<minor>` on the node: does this very process (the plugin) hold it?
+    r.f.host.answer_with("fuser", move |command| {
+        let held = std::fs::read_dir("/proc/self/fd")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == node));
+        if held {
+            CommandOutput::ok(format!(
+                "{}: {}",
+                command.args.join(" "),
+                std::process::id()
+            ))
+        } else {
+            CommandOutput::failed(1, "")
+        }
+    });
+    let claim = r.claim(vfio_claim_of_gpu_0()).await;
+    let result = r.prepare_one(&claim).await;
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(
+        r.f.bound_driver(&gpu.pci.bus_id).as_deref(),
+        Some("vfio-pci")
+    );
+    r.shutdown().await;
+}
+
 #[tokio::test]
 async fn vfio_claims_rebind_the_gpu_and_give_it_back() {
     let r = start("mixed", "PassthroughSupport=true").await;
@@ -651,17 +706,7 @@ async fn vfio_claims_rebind_the_gpu_and_give_it_back() {
             .iter()
             .position(|g| g.info.pci.bus_id == bdf)
             .unwrap();
-    let claim = r
-        .claim(
-            AllocatedClaim::new("default", "vm")
-                .device("vm", DRIVER_NAME, NODE_NAME, "gpu-vfio-0")
-                .claim_config(
-                    &["vm"],
-                    DRIVER_NAME,
-                    json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}),
-                ),
-        )
-        .await;
+    let claim = r.claim(vfio_claim_of_gpu_0()).await;
     let result = r
         .kubelet
         .prepare(std::slice::from_ref(&claim))

@@ -230,6 +230,16 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
 }
 
 #[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    let result = gpu(device).and_then(|gpu| with(|machine| machine.index_of(gpu)));
+    // SAFETY: NVML's contract on `index`.
+    unsafe { put(result, index) }
+}
+
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     device: nvmlDevice_t,
     minor: *mut c_uint,

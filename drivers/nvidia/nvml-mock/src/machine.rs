@@ -344,6 +344,15 @@ impl Machine {
         self.attach(position as u32)
     }
 
+    /// NVML's index of the GPU at `position` (its place among the GPUs NVML enumerates).
+    pub(crate) fn index_of(&self, position: u32) -> Result<u32, Code> {
+        self.gpu(position)?;
+        self.visible()
+            .position(|visible| visible == position)
+            .map(|index| index as u32)
+            .ok_or(INVALID_ARGUMENT)
+    }
+
     /// The GPU a handle's index names, alive.
     pub(crate) fn gpu(&self, index: u32) -> Result<&GpuInfo, Code> {
         self.initialised()?;

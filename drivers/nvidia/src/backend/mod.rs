@@ -52,6 +52,14 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     /// All GPUs, in NVML index order.
     fn gpus(&self) -> Result<Vec<GpuInfo>, BackendError>;
 
+    /// One GPU by UUID, `None` when there is no such GPU any more (removed, fallen off the
+    /// bus, bound to another driver). Asks about that GPU only: what prepare and unprepare
+    /// use, so that a call on one GPU does not read every GPU. Default: through
+    /// [`GpuBackend::gpus`].
+    fn gpu(&self, uuid: &str) -> Result<Option<GpuInfo>, BackendError> {
+        Ok(self.gpus()?.into_iter().find(|gpu| gpu.uuid == uuid))
+    }
+
     /// MIG mode of a GPU; `None` when the GPU does not support MIG.
     fn mig_mode(&self, gpu_uuid: &str) -> Result<Option<MigMode>, BackendError>;
 
@@ -76,6 +84,14 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
             what: "health events".into(),
             backend: self.name(),
         })
+    }
+
+    /// Lets go of every GPU for as long as the returned guard lives, so that a check for
+    /// processes holding `/dev/nvidia<N>` (before a GPU is bound to vfio-pci) does not find
+    /// this plugin: NVML is shut down between calls until the guard is dropped. Default:
+    /// the backend holds nothing.
+    fn release_devices(&self) -> DeviceRelease {
+        DeviceRelease::default()
     }
 
     /// One consistent read of everything above.
@@ -107,6 +123,37 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
             cuda_driver_version,
             gpus,
         })
+    }
+}
+
+/// What [`GpuBackend::release_devices`] returns: the devices stay released until it is
+/// dropped.
+#[derive(Default)]
+#[must_use = "the devices are held again as soon as this is dropped"]
+pub struct DeviceRelease {
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl DeviceRelease {
+    /// A release that runs `end` when dropped.
+    pub fn new(end: impl FnOnce() + Send + 'static) -> Self {
+        Self {
+            on_drop: Some(Box::new(end)),
+        }
+    }
+}
+
+impl fmt::Debug for DeviceRelease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceRelease").finish_non_exhaustive()
+    }
+}
+
+impl Drop for DeviceRelease {
+    fn drop(&mut self) {
+        if let Some(end) = self.on_drop.take() {
+            end();
+        }
     }
 }
 

@@ -20,6 +20,7 @@
 
 use std::ffi::OsStr;
 use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
@@ -29,8 +30,8 @@ use nvml_wrapper::error::NvmlError;
 use crate::backend::events::HealthEventStream;
 
 use super::{
-    BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, MigDeviceInfo,
-    MigMode, MigPlacement, MigProfileInfo, PciInfo,
+    BackendError, ComputeCapability, CudaDriverVersion, DeviceRelease, GpuBackend, GpuInfo,
+    MigDeviceInfo, MigMode, MigPlacement, MigProfileInfo, PciInfo,
 };
 use crate::backend::mig::{GpuInstanceInfo, MigError, MigManager};
 
@@ -38,10 +39,31 @@ use crate::backend::mig::{GpuInstanceInfo, MigError, MigManager};
 pub const DEFAULT_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// A [`GpuBackend`] on NVML.
+///
+/// NVML stays initialised between calls (one session, shared), except while a
+/// [`DeviceRelease`] from [`GpuBackend::release_devices`] lives: then each call initialises
+/// NVML and shuts it down again, so the library holds no GPU's device node between calls
+/// (the VFIO idle check must not find the plugin itself holding `/dev/nvidia<N>`).
 pub struct NvmlBackend {
-    nvml: Nvml,
+    sessions: Arc<Mutex<Sessions>>,
     mig: ffi::MigLib,
     library: String,
+}
+
+/// The shared NVML session and the releases in force.
+#[derive(Default)]
+struct Sessions {
+    /// NVML initialised, kept between calls while no release is in force.
+    shared: Option<Arc<Nvml>>,
+    /// Live [`DeviceRelease`] guards.
+    releases: usize,
+}
+
+fn lock(sessions: &Mutex<Sessions>) -> MutexGuard<'_, Sessions> {
+    // Every update is one assignment or counter step: a poisoned lock is consistent.
+    sessions
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl fmt::Debug for NvmlBackend {
@@ -66,23 +88,7 @@ impl NvmlBackend {
     /// vfio-pci still starts the plugin, which then unprepares what it prepared before.
     pub fn open(library: impl AsRef<OsStr>) -> Result<Self, BackendError> {
         let library_name = library.as_ref().to_string_lossy().into_owned();
-        let nvml = Nvml::builder()
-            .lib_path(library.as_ref())
-            .flags(InitFlags::NO_GPUS)
-            .init()
-            .map_err(|error| match error {
-                NvmlError::LibloadingError(error) => BackendError::LibraryNotFound {
-                    library: library_name.clone(),
-                    reason: error.to_string(),
-                },
-                NvmlError::LibraryNotFound => BackendError::LibraryNotFound {
-                    library: library_name.clone(),
-                    reason: "NVML reports its library missing".into(),
-                },
-                other => BackendError::Init {
-                    reason: other.to_string(),
-                },
-            })?;
+        let nvml = init(&library_name)?;
         let mig = ffi::MigLib::load(library.as_ref()).map_err(|reason| {
             BackendError::LibraryNotFound {
                 library: library_name.clone(),
@@ -91,29 +97,82 @@ impl NvmlBackend {
         })?;
         tracing::info!(library = %library_name, "NVML initialized");
         Ok(Self {
-            nvml,
+            sessions: Arc::new(Mutex::new(Sessions {
+                shared: Some(Arc::new(nvml)),
+                releases: 0,
+            })),
             mig,
             library: library_name,
         })
     }
 
-    fn device(&self, uuid: &str) -> Result<nvml_wrapper::Device<'_>, BackendError> {
-        self.nvml.device_by_uuid(uuid).map_err(|error| match error {
-            NvmlError::NotFound | NvmlError::InvalidArg => BackendError::NoSuchGpu {
-                uuid: uuid.to_owned(),
-            },
-            other => query("device handle", Some(uuid), other),
-        })
+    /// NVML, initialised: the shared session, or (while a release is in force) one for this
+    /// call, shut down when the caller drops it.
+    fn nvml(&self) -> Result<Arc<Nvml>, BackendError> {
+        let mut sessions = lock(&self.sessions);
+        if let Some(nvml) = &sessions.shared {
+            return Ok(Arc::clone(nvml));
+        }
+        let nvml = Arc::new(init(&self.library)?);
+        if sessions.releases == 0 {
+            sessions.shared = Some(Arc::clone(&nvml));
+        }
+        Ok(nvml)
     }
+}
 
-    fn gpu_info(&self, index: u32) -> Result<GpuInfo, BackendError> {
-        let device = self
-            .nvml
+/// `nvmlInitWithFlags(NO_GPUS)` on the library: a node whose GPUs are all bound to vfio-pci
+/// still starts the plugin.
+fn init(library: &str) -> Result<Nvml, BackendError> {
+    Nvml::builder()
+        .lib_path(OsStr::new(library))
+        .flags(InitFlags::NO_GPUS)
+        .init()
+        .map_err(|error| match error {
+            NvmlError::LibloadingError(error) => BackendError::LibraryNotFound {
+                library: library.to_owned(),
+                reason: error.to_string(),
+            },
+            NvmlError::LibraryNotFound => BackendError::LibraryNotFound {
+                library: library.to_owned(),
+                reason: "NVML reports its library missing".into(),
+            },
+            other => BackendError::Init {
+                reason: other.to_string(),
+            },
+        })
+}
+
+/// The device handle of a GPU.
+fn device<'nvml>(
+    nvml: &'nvml Nvml,
+    uuid: &str,
+) -> Result<nvml_wrapper::Device<'nvml>, BackendError> {
+    nvml.device_by_uuid(uuid).map_err(|error| match error {
+        NvmlError::NotFound | NvmlError::InvalidArg => BackendError::NoSuchGpu {
+            uuid: uuid.to_owned(),
+        },
+        other => query("device handle", Some(uuid), other),
+    })
+}
+
+impl NvmlBackend {
+    fn gpu_info(&self, nvml: &Nvml, index: u32) -> Result<GpuInfo, BackendError> {
+        let device = nvml
             .device_by_index(index)
             .map_err(|error| query(&format!("GPU {index}"), None, error))?;
         let uuid = device
             .uuid()
             .map_err(|error| query(&format!("UUID of GPU {index}"), None, error))?;
+        self.device_info(&device, index, uuid)
+    }
+
+    fn device_info(
+        &self,
+        device: &nvml_wrapper::Device<'_>,
+        index: u32,
+        uuid: String,
+    ) -> Result<GpuInfo, BackendError> {
         let gpu = Some(uuid.as_str());
         let minor = device
             .minor_number()
@@ -159,7 +218,7 @@ impl NvmlBackend {
         Ok(GpuInfo {
             index,
             minor,
-            numa_node: self.mig.numa_node(&device),
+            numa_node: self.mig.numa_node(device),
             uuid,
             product_name,
             brand,
@@ -168,7 +227,7 @@ impl NvmlBackend {
             memory_bytes,
             pci: pci_info,
             pcie_root: None,
-            addressing_mode: self.mig.addressing_mode(&device),
+            addressing_mode: self.mig.addressing_mode(device),
         })
     }
 }
@@ -185,28 +244,38 @@ impl GpuBackend for NvmlBackend {
         events::register(self, gpu_uuids).map(|stream| Box::new(stream) as _)
     }
 
+    fn release_devices(&self) -> DeviceRelease {
+        let mut sessions = lock(&self.sessions);
+        sessions.releases += 1;
+        // Calls in flight keep their session until they return; the last one shuts NVML down.
+        sessions.shared = None;
+        drop(sessions);
+        let sessions = Arc::clone(&self.sessions);
+        DeviceRelease::new(move || lock(&sessions).releases -= 1)
+    }
+
     fn driver_version(&self) -> Result<String, BackendError> {
-        self.nvml
+        self.nvml()?
             .sys_driver_version()
             .map_err(|error| query("driver version", None, error))
     }
 
     fn cuda_driver_version(&self) -> Result<CudaDriverVersion, BackendError> {
-        self.nvml
+        self.nvml()?
             .sys_cuda_driver_version()
             .map(CudaDriverVersion::from_nvml)
             .map_err(|error| query("CUDA driver version", None, error))
     }
 
     fn gpus(&self) -> Result<Vec<GpuInfo>, BackendError> {
-        let count = self
-            .nvml
+        let nvml = self.nvml()?;
+        let count = nvml
             .device_count()
             .map_err(|error| query("GPU count", None, error))?;
         // A GPU that cannot be read (fallen off the bus) is left out with a warning: the
         // others are published and keep preparing; the health monitor reports the lost one.
         Ok((0..count)
-            .filter_map(|index| match self.gpu_info(index) {
+            .filter_map(|index| match self.gpu_info(&nvml, index) {
                 Ok(info) => Some(info),
                 Err(error) => {
                     tracing::warn!(index, %error, "GPU left out of discovery");
@@ -216,8 +285,25 @@ impl GpuBackend for NvmlBackend {
             .collect())
     }
 
+    fn gpu(&self, uuid: &str) -> Result<Option<GpuInfo>, BackendError> {
+        let nvml = self.nvml()?;
+        let device = match nvml.device_by_uuid(uuid) {
+            Ok(device) => device,
+            Err(NvmlError::NotFound | NvmlError::InvalidArg | NvmlError::GpuLost) => {
+                return Ok(None);
+            }
+            Err(error) => return Err(query("device handle", Some(uuid), error)),
+        };
+        let index = match device.index() {
+            Ok(index) => index,
+            Err(NvmlError::GpuLost) => return Ok(None),
+            Err(error) => return Err(query("index", Some(uuid), error)),
+        };
+        self.device_info(&device, index, uuid.to_owned()).map(Some)
+    }
+
     fn mig_mode(&self, gpu_uuid: &str) -> Result<Option<MigMode>, BackendError> {
-        match self.device(gpu_uuid)?.mig_mode() {
+        match device(&*self.nvml()?, gpu_uuid)?.mig_mode() {
             Ok(mode) => Ok(Some(MigMode {
                 current: mode.current == 1,
                 pending: mode.pending == 1,
@@ -231,17 +317,18 @@ impl GpuBackend for NvmlBackend {
         if !self.mig_mode(gpu_uuid)?.is_some_and(|mode| mode.current) {
             return Ok(Vec::new());
         }
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         let profiles = self.mig.profiles(&device, gpu_uuid)?;
-        self.mig
-            .mig_devices(&self.nvml, &device, gpu_uuid, &profiles)
+        self.mig.mig_devices(&nvml, &device, gpu_uuid, &profiles)
     }
 
     fn mig_profiles(&self, gpu_uuid: &str) -> Result<Vec<MigProfileInfo>, BackendError> {
         if self.mig_mode(gpu_uuid)?.is_none() {
             return Ok(Vec::new());
         }
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         self.mig.profiles(&device, gpu_uuid)
     }
 }
@@ -253,7 +340,8 @@ impl MigManager for NvmlBackend {
         profile_id: u32,
         placement: MigPlacement,
     ) -> Result<u32, MigError> {
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         let created = self
             .mig
             .create_gpu_instance(&device, gpu_uuid, profile_id, placement);
@@ -278,7 +366,8 @@ impl MigManager for NvmlBackend {
         gpu_uuid: &str,
         gpu_instance_id: u32,
     ) -> Result<u32, MigError> {
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         self.mig
             .create_compute_instance(&device, gpu_uuid, gpu_instance_id)
     }
@@ -289,13 +378,15 @@ impl MigManager for NvmlBackend {
         gpu_instance_id: u32,
         compute_instance_id: u32,
     ) -> Result<(), MigError> {
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         self.mig
             .destroy_compute_instance(&device, gpu_uuid, gpu_instance_id, compute_instance_id)
     }
 
     fn destroy_gpu_instance(&self, gpu_uuid: &str, gpu_instance_id: u32) -> Result<(), MigError> {
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         self.mig
             .destroy_gpu_instance(&device, gpu_uuid, gpu_instance_id)
     }
@@ -304,7 +395,8 @@ impl MigManager for NvmlBackend {
         if !self.mig_mode(gpu_uuid)?.is_some_and(|mode| mode.current) {
             return Ok(Vec::new());
         }
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         let profiles: Vec<u32> = self
             .mig
             .profiles(&device, gpu_uuid)?
@@ -315,7 +407,8 @@ impl MigManager for NvmlBackend {
     }
 
     fn set_mig_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<MigMode, MigError> {
-        let device = self.device(gpu_uuid)?;
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
         self.mig.set_mig_mode(&device, gpu_uuid, enabled)
     }
 }
@@ -323,13 +416,15 @@ impl MigManager for NvmlBackend {
 /// Health events through an NVML event set.
 mod events {
     use std::collections::VecDeque;
+    use std::sync::Arc;
     use std::time::Duration;
 
+    use nvml_wrapper::Nvml;
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::error::NvmlError;
-    use nvml_wrapper::event::EventSet;
 
-    use super::{NvmlBackend, query};
+    use super::ffi::RawEventSet;
+    use super::{NvmlBackend, device, query};
     use crate::backend::BackendError;
     use crate::backend::events::{HealthEvent, HealthEventKind, HealthEventStream};
 
@@ -340,9 +435,14 @@ mod events {
     /// An event set with every GPU registered for critical XIDs and double-bit ECC errors.
     /// Upstream also registers single-bit ECC errors, which the hardware corrects and which
     /// never taint a device; they are left out here.
+    ///
+    /// The stream holds its own NVML session for as long as it lives: an event set keeps
+    /// NVML attached to every GPU registered in it.
     pub(super) struct NvmlEventStream<'nvml> {
         backend: &'nvml NvmlBackend,
-        set: EventSet<'nvml>,
+        /// Declared before `nvml`: the set is freed before the session ends.
+        set: RawEventSet<'nvml>,
+        nvml: Arc<Nvml>,
         /// The GPUs registered, to find which one NVML reports lost.
         registered: Vec<String>,
         /// GPUs that could not be resolved at registration: reported as lost first.
@@ -354,14 +454,15 @@ mod events {
         gpu_uuids: &[String],
     ) -> Result<NvmlEventStream<'nvml>, BackendError> {
         let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+        let nvml = backend.nvml()?;
         let set = backend
-            .nvml
+            .mig
             .create_event_set()
             .map_err(|error| query("event set", None, error))?;
         let mut pending = VecDeque::new();
         let mut registered = Vec::new();
         for uuid in gpu_uuids {
-            let device = match backend.device(uuid) {
+            let device = match device(&nvml, uuid) {
                 Ok(device) => device,
                 Err(error) => {
                     tracing::warn!(%uuid, %error, "GPU cannot be resolved for event registration; reporting it lost");
@@ -400,6 +501,7 @@ mod events {
         Ok(NvmlEventStream {
             backend,
             set,
+            nvml,
             registered,
             pending,
         })
@@ -419,7 +521,7 @@ mod events {
                 Err(error) => return Err(query("event wait", None, error)),
             };
             let event_type = EventTypes::from_bits_truncate(data.eventType);
-            let device = super::ffi::event_device(&data, &self.backend.nvml);
+            let device = super::ffi::event_device(&data, &self.nvml);
             let uuid = match device.uuid() {
                 Ok(uuid) => uuid,
                 Err(error) => {
@@ -454,7 +556,6 @@ mod events {
         fn lost_gpus(&mut self) -> Option<HealthEvent> {
             for uuid in &self.registered {
                 let answers = self
-                    .backend
                     .nvml
                     .device_by_uuid(uuid.as_str())
                     .and_then(|device| device.uuid());
@@ -559,8 +660,8 @@ mod ffi {
     use nvml_wrapper::error::nvml_try;
     use nvml_wrapper::{Device, Nvml};
     use nvml_wrapper_sys::bindings::{
-        NvmlLib, nvmlDevice_t, nvmlEventData_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
-        nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
+        NvmlLib, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlGpuInstance_t,
+        nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
         nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
         nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
     };
@@ -623,6 +724,23 @@ mod ffi {
         }
     }
 
+    /// An NVML event set, freed when dropped.
+    pub(super) struct RawEventSet<'lib> {
+        lib: &'lib MigLib,
+        set: nvmlEventSet_t,
+    }
+
+    impl Drop for RawEventSet<'_> {
+        fn drop(&mut self) {
+            // SAFETY: the set NVML created (the symbol was checked then) and nothing else
+            // frees; the stream holding it keeps NVML initialised until after this runs.
+            let code = unsafe { self.lib.lib.nvmlEventSetFree(self.set) };
+            if let Err(error) = nvml_try(code) {
+                tracing::warn!(%error, "freeing an NVML event set failed");
+            }
+        }
+    }
+
     /// The device of an event NVML just delivered.
     pub(super) fn event_device<'nvml>(data: &nvmlEventData_t, nvml: &'nvml Nvml) -> Device<'nvml> {
         // SAFETY: the device handle NVML returned with the event, of this NVML instance;
@@ -668,13 +786,29 @@ mod ffi {
             }
         }
 
-        /// `nvmlDeviceRegisterEvents`, leaving the set as it was when NVML refuses (nvml-wrapper
-        /// frees it).
+        /// `nvmlEventSetCreate`: a set that is freed when dropped. Raw, because
+        /// nvml-wrapper's set borrows the session it was made in and frees itself when one
+        /// GPU refuses registration.
+        pub(super) fn create_event_set(
+            &self,
+        ) -> Result<RawEventSet<'_>, nvml_wrapper::error::NvmlError> {
+            if self.lib.nvmlEventSetCreate.is_err() || self.lib.nvmlEventSetFree.is_err() {
+                return Err(nvml_wrapper::error::NvmlError::FailedToLoadSymbol(
+                    "nvmlEventSetCreate".to_owned(),
+                ));
+            }
+            let mut set: nvmlEventSet_t = std::ptr::null_mut();
+            // SAFETY: symbol checked; `set` a valid out-pointer.
+            nvml_try(unsafe { self.lib.nvmlEventSetCreate(&mut set) })?;
+            Ok(RawEventSet { lib: self, set })
+        }
+
+        /// `nvmlDeviceRegisterEvents`, leaving the set as it was when NVML refuses.
         pub(super) fn register_events(
             &self,
             device: &Device<'_>,
             events: u64,
-            set: &nvml_wrapper::event::EventSet<'_>,
+            set: &RawEventSet<'_>,
         ) -> Result<(), nvml_wrapper::error::NvmlError> {
             if self.lib.nvmlDeviceRegisterEvents.is_err() {
                 return Err(nvml_wrapper::error::NvmlError::FailedToLoadSymbol(
@@ -685,7 +819,7 @@ mod ffi {
             // this NVML instance.
             let code = unsafe {
                 self.lib
-                    .nvmlDeviceRegisterEvents(device.handle(), events, set.handle())
+                    .nvmlDeviceRegisterEvents(device.handle(), events, set.set)
             };
             nvml_try(code)
         }
@@ -693,7 +827,7 @@ mod ffi {
         /// `nvmlEventSetWait_v2`, keeping the GPU and compute instance IDs nvml-wrapper drops.
         pub(super) fn wait_event(
             &self,
-            set: &nvml_wrapper::event::EventSet<'_>,
+            set: &RawEventSet<'_>,
             timeout_ms: u32,
         ) -> Result<nvmlEventData_t, nvml_wrapper::error::NvmlError> {
             if self.lib.nvmlEventSetWait_v2.is_err() {
@@ -705,10 +839,7 @@ mod ffi {
             let mut data: nvmlEventData_t = unsafe { std::mem::zeroed() };
             // SAFETY: symbol checked; the set is live (borrowed) and of this NVML instance;
             // `data` is a valid out-struct.
-            let code = unsafe {
-                self.lib
-                    .nvmlEventSetWait_v2(set.handle(), &mut data, timeout_ms)
-            };
+            let code = unsafe { self.lib.nvmlEventSetWait_v2(set.set, &mut data, timeout_ms) };
             nvml_try(code).map(|()| data)
         }
 

@@ -201,13 +201,9 @@ pub(super) fn undo(inner: &Inner, uid: &str, applied: &[AppliedSharing]) -> Vec<
     };
     let runner = inner.mps_runner();
     // A GPU that is gone (lost, removed, another inventory after a restart) took its time
-    // slice and compute mode with it: nothing to reset there. When the GPUs cannot be read,
-    // every one is tried.
-    let present: Option<BTreeSet<String>> = inner
-        .backend
-        .gpus()
-        .ok()
-        .map(|gpus| gpus.into_iter().map(|gpu| gpu.uuid).collect());
+    // slice and compute mode with it: nothing to reset there. Each GPU is asked about alone;
+    // one that cannot be read is tried.
+    let gone = |gpu: &str| matches!(inner.backend.gpu(gpu), Ok(None));
     let mut failures = Vec::new();
     for sharing in applied.iter().rev() {
         let free = |gpus: &[String]| -> Vec<String> {
@@ -215,7 +211,7 @@ pub(super) fn undo(inner: &Inner, uid: &str, applied: &[AppliedSharing]) -> Vec<
             gpus.iter()
                 .filter(|gpu| !used_elsewhere(&reservations, uid, gpu))
                 .filter(|gpu| {
-                    let gone = present.as_ref().is_some_and(|present| !present.contains(*gpu));
+                    let gone = gone(gpu);
                     if gone {
                         tracing::warn!(%gpu, claim = uid, "the GPU is gone; nothing to reset on it");
                     }

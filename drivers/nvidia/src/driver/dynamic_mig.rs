@@ -404,10 +404,8 @@ fn destroy(inner: &Inner, instance: &MigInstance) -> Result<(), String> {
     mig.destroy_gpu_instance(gpu, instance.gpu_instance_id)
         .map_err(|error| error.to_string())?;
     tracing::info!(%gpu, gpu_instance_id = instance.gpu_instance_id, uuid = %instance.uuid, "MIG partition destroyed");
-    if let Ok(gpus) = inner.backend.gpus()
-        && let Some(parent) = gpus.iter().find(|candidate| &candidate.uuid == gpu)
-    {
-        mode_off_if_unused(inner, mig, parent);
+    if let Ok(Some(parent)) = inner.backend.gpu(gpu) {
+        mode_off_if_unused(inner, mig, &parent);
     }
     Ok(())
 }

@@ -48,10 +48,26 @@ struct Script {
     outputs: VecDeque<CommandOutput>,
 }
 
-#[derive(Debug, Default)]
+/// An answer computed when the command runs (see [`RootedHost::answer_with`]).
+type Answer = std::sync::Arc<dyn Fn(&HostCommand) -> CommandOutput + Send + Sync>;
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("events", &self.events)
+            .field("scripts", &self.scripts)
+            .field("answers", &self.answers.len())
+            .field("stand_ins", &self.stand_ins)
+            .finish()
+    }
+}
+
+#[derive(Default)]
 struct State {
     events: Vec<HostEvent>,
     scripts: Vec<Script>,
+    /// Program → an answer computed at each run; wins over scripts.
+    answers: Vec<(String, Answer)>,
     /// Program → the command that really runs when the driver spawns it.
     stand_ins: Vec<(String, HostCommand)>,
 }
@@ -114,6 +130,19 @@ impl RootedHost {
             args,
             outputs: outputs.into_iter().collect(),
         });
+    }
+
+    /// Answers every run of `program` with what `answer` computes then: for a command whose
+    /// answer depends on the moment (whether this very process holds a file). Wins over
+    /// [`RootedHost::script`]; later answers win over earlier ones.
+    pub fn answer_with(
+        &self,
+        program: &str,
+        answer: impl Fn(&HostCommand) -> CommandOutput + Send + Sync + 'static,
+    ) {
+        self.state()
+            .answers
+            .push((program.to_owned(), std::sync::Arc::new(answer)));
     }
 
     /// Runs `stand_in` (with the environment the driver sets) whenever the driver spawns
@@ -284,6 +313,16 @@ impl Host for RootedHost {
     fn run(&self, command: &HostCommand) -> Result<CommandOutput, HostError> {
         let mut state = self.state();
         state.events.push(HostEvent::Command(command.clone()));
+        if let Some((_, answer)) = state
+            .answers
+            .iter()
+            .rev()
+            .find(|(program, _)| *program == command.program)
+        {
+            let answer = std::sync::Arc::clone(answer);
+            drop(state);
+            return Ok(answer(command));
+        }
         let script = state.scripts.iter_mut().rev().find(|script| {
             script.program == command.program
                 && script
