@@ -12,8 +12,13 @@
 //! Each sample prepares a fresh claim (never answered from the checkpoint); its unprepare runs
 //! outside the timed section.
 //!
-//! Run: `cargo bench -p dra-driver-nvidia --bench prepare`
-//! (`--profile dist` measures the size-optimised build the plugin ships as).
+//! With `--features nvml`, the same `dgx-h100` DynamicMIG machine once more on the NVML backend
+//! over the libnvidia-ml double (`nvml-mock`): one full-GPU claim and one MIG partition claim
+//! prepared (prepare only timed), beside the same two on the mock backend. The double answers
+//! in microseconds, so the figure is the NVML backend's calls, not a GPU's.
+//!
+//! Run: `cargo bench -p dra-driver-nvidia --bench prepare` (add `--features nvml` for the
+//! NVML rows; `--profile dist` measures the size-optimised build the plugin ships as).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +26,7 @@ use std::time::{Duration, Instant};
 use clap::Parser as _;
 use criterion::{Criterion, criterion_group, criterion_main};
 use dra_driver_nvidia::devices::DRIVER_NAME;
+use dra_driver_nvidia::driver::NvidiaDriver;
 use dra_driver_nvidia::plugin::{Cli, NvidiaPlugin};
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::plugin::KubeletPlugin;
@@ -54,19 +60,32 @@ const DYNAMIC_MIG: Kind = Kind {
     request: "mig",
     config_kind: "MigDeviceConfig",
 };
+/// A MIG partition (DynamicMIG), prepare only timed.
+const PARTITION: Kind = Kind {
+    label: "partition",
+    request: "mig",
+    config_kind: "MigDeviceConfig",
+};
 
 struct Bench {
     cluster: TestCluster,
     kubelet: RegisteredPlugin,
     _plugin: KubeletPlugin,
     _nvidia: NvidiaPlugin,
+    /// The libnvidia-ml double the driver runs on, when over NVML.
+    _double: Option<Box<dyn std::any::Any + Send + Sync>>,
+    _host_root: tempfile::TempDir,
     gpu: String,
     mig: String,
     next: usize,
 }
 
 impl Bench {
-    async fn start(profile: &str, gates: &str) -> Self {
+    /// The plugin on the mock backend, or (`over_nvml`) on the NVML backend over the double
+    /// serving the same machine.
+    async fn start(profile: &str, gates: &str, over_nvml: bool) -> Self {
+        let host_root = tempfile::tempdir().expect("host root");
+        let root = host_root.path().join("host");
         let cli = Cli::try_parse_from([
             "gpu-kubelet-plugin",
             "--node-name",
@@ -75,9 +94,16 @@ impl Bench {
             profile,
             "--feature-gates",
             gates,
+            "--mock-host-root",
+            root.to_str().expect("a UTF-8 temporary path"),
         ])
         .expect("flags");
         let nvidia = NvidiaPlugin::from_args(&cli.nvidia).expect("mock machine");
+        let (driver, double) = if over_nvml {
+            over_double(&nvidia, profile, &root)
+        } else {
+            (nvidia.driver.clone(), None)
+        };
         let gpu = nvidia
             .discovery
             .gpus
@@ -98,7 +124,7 @@ impl Bench {
             .expect("a MIG device");
         let cluster = TestCluster::start().await.expect("cluster");
         let plugin = cluster
-            .plugin(nvidia.driver.clone(), DRIVER_NAME)
+            .plugin(driver, DRIVER_NAME)
             .start()
             .await
             .expect("plugin");
@@ -111,6 +137,8 @@ impl Bench {
             kubelet,
             _plugin: plugin,
             _nvidia: nvidia,
+            _double: double,
+            _host_root: host_root,
             gpu,
             mig,
             next: 0,
@@ -164,14 +192,46 @@ impl Bench {
     }
 }
 
+/// The driver of `nvidia` rebuilt on the NVML backend over a double serving `profile` with
+/// its device nodes under `root`.
+#[cfg(feature = "nvml")]
+fn over_double(
+    nvidia: &NvidiaPlugin,
+    profile: &str,
+    root: &std::path::Path,
+) -> (NvidiaDriver, Option<Box<dyn std::any::Any + Send + Sync>>) {
+    use dra_driver_nvidia::backend::nvml::NvmlBackend;
+    use dra_driver_nvidia::cdi::DriverRoot;
+    let double = nvml_mock::NvmlDouble::with_root(profile, root).expect("the NVML double");
+    let backend = Arc::new(NvmlBackend::open(double.library()).expect("NVML over the double"));
+    let host = Arc::clone(&nvidia.host);
+    let driver = NvidiaDriver::builder(backend.clone(), Arc::clone(&host))
+        .driver_root(DriverRoot::new(host, "/"))
+        .feature_gates(nvidia.driver.feature_gates().clone())
+        .mig_manager(backend)
+        .build();
+    (driver, Some(Box::new(double)))
+}
+
+#[cfg(not(feature = "nvml"))]
+fn over_double(
+    _: &NvidiaPlugin,
+    _: &str,
+    _: &std::path::Path,
+) -> (NvidiaDriver, Option<Box<dyn std::any::Any + Send + Sync>>) {
+    unreachable!("the NVML rows are benchmarked with the nvml feature only")
+}
+
 fn prepare(c: &mut Criterion) {
     let runtime = Runtime::new().expect("runtime");
     let bench = Arc::new(tokio::sync::Mutex::new(
-        runtime.block_on(Bench::start("dgx-a100", "")),
+        runtime.block_on(Bench::start("dgx-a100", "", false)),
     ));
-    let dynamic = Arc::new(tokio::sync::Mutex::new(
-        runtime.block_on(Bench::start("dgx-h100", "DynamicMIG=true")),
-    ));
+    let dynamic = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start(
+        "dgx-h100",
+        "DynamicMIG=true",
+        false,
+    ))));
     let bench_for = |kind: Kind| {
         if kind.label == DYNAMIC_MIG.label {
             Arc::clone(&dynamic)
@@ -219,5 +279,53 @@ fn prepare(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, prepare);
+/// `dgx-h100` with DynamicMIG (every partition published): a full-GPU claim and a partition
+/// claim, prepare only timed, on the mock backend and on the NVML backend over the double.
+fn prepare_dynamic_mig_backends(c: &mut Criterion) {
+    let runtime = Runtime::new().expect("runtime");
+    let backends: &[(&str, bool)] = if cfg!(feature = "nvml") {
+        &[("mock", false), ("nvml", true)]
+    } else {
+        &[("mock", false)]
+    };
+    let mut group = c.benchmark_group("nvidia_prepare_dgx_h100_dynamic_mig");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    let mut percentiles = Vec::new();
+    for &(backend, over_nvml) in backends {
+        let bench = Arc::new(tokio::sync::Mutex::new(runtime.block_on(Bench::start(
+            "dgx-h100",
+            "DynamicMIG=true",
+            over_nvml,
+        ))));
+        for kind in [FULL_GPU, PARTITION] {
+            let id = format!("{backend}/{}", kind.label);
+            group.bench_function(&id, |b| {
+                b.to_async(&runtime).iter_custom(|iterations| {
+                    let bench = Arc::clone(&bench);
+                    async move {
+                        total_time(&bench, iterations, async |bench: &mut Bench| {
+                            bench.prepare_one(kind).await
+                        })
+                        .await
+                    }
+                })
+            });
+            let latencies = runtime.block_on(sample(&bench, 200, async |bench: &mut Bench| {
+                bench.prepare_one(kind).await
+            }));
+            percentiles.push(format!(
+                "prepare of one {id} claim (dgx-h100, DynamicMIG): {latencies}"
+            ));
+        }
+    }
+    group.finish();
+    for line in percentiles {
+        println!("{line}");
+    }
+}
+
+criterion_group!(benches, prepare, prepare_dynamic_mig_backends);
 criterion_main!(benches);
