@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind};
+use dra_driver_nvidia::backend::events::{HealthEvent, HealthEventKind, RecoveryAction};
 use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::health::{TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
 use dra_driver_nvidia::plugin::NvidiaPlugin;
@@ -177,6 +177,32 @@ async fn critical_xid_taints_gpu_and_its_mig_devices_until_the_quiet_period_ends
     // No event for the recovery period: untainted, Healthy again.
     fixture.wait_taints(&failed, &Vec::new()).await;
     fixture.wait_health(&failed, HealthStatus::Healthy).await;
+    fixture.running.shutdown().await.unwrap();
+}
+
+/// A GPU whose recovery action asks for a reset keeps its taint past the quiet period, until
+/// it reports none needed.
+#[tokio::test]
+async fn a_gpu_that_needs_a_reset_stays_tainted_past_the_quiet_period() {
+    let fixture = start(plugin(&[
+        "--mock-profile",
+        "dgx-a100",
+        "--health-recovery-period",
+        "1",
+    ]))
+    .await;
+    let (uuid, gpu) = fixture.gpu(4);
+    let events = fixture.nvidia.mock_events.clone().unwrap();
+    events.set_recovery_action(&uuid, RecoveryAction::GpuReset);
+    fixture.inject(HealthEvent::new(&uuid, HealthEventKind::Xid(79)));
+    let xid = taint(TAINT_XID, Some("79"), "NoSchedule");
+    fixture.wait_taints(std::slice::from_ref(&gpu), &xid).await;
+    // Three checks past the quiet period: still tainted.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert_eq!(fixture.taints(&gpu).await, xid);
+    // The GPU was reset: nothing needed any more, the next check clears the taint.
+    events.set_recovery_action(&uuid, RecoveryAction::None);
+    fixture.wait_taints(&[gpu], &Vec::new()).await;
     fixture.running.shutdown().await.unwrap();
 }
 

@@ -343,3 +343,24 @@ fn a_gpu_refusing_event_registration_is_unmonitored_alone() {
         (all[0].as_str(), HealthEventKind::Xid(48))
     );
 }
+
+#[test]
+fn the_recovery_action_comes_from_nvml() {
+    use dra_driver_nvidia::backend::events::RecoveryAction;
+    let (double, backend) = over_double("dgx-h100");
+    let gpu = uuids(&backend)[4].clone();
+    assert_eq!(
+        backend.recovery_action(&gpu).unwrap(),
+        Some(RecoveryAction::None)
+    );
+    double.set_recovery_action(&gpu, 1).unwrap();
+    assert_eq!(
+        backend.recovery_action(&gpu).unwrap(),
+        Some(RecoveryAction::GpuReset)
+    );
+    double.set_recovery_action(&gpu, 2).unwrap();
+    assert_eq!(
+        backend.recovery_action(&gpu).unwrap(),
+        Some(RecoveryAction::NodeReboot)
+    );
+}

@@ -22,7 +22,7 @@ use dra_driver_nvidia::backend::MigPlacement;
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
     nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
-    nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlGpuInstance_t,
+    nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t, nvmlGpuInstance_t,
     nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
     nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
@@ -385,6 +385,46 @@ pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
         .and_then(|gpu| with(|machine| machine.gpu(gpu)?.numa_node.ok_or(machine::NOT_SUPPORTED)));
     // SAFETY: NVML's contract on `node`.
     unsafe { put(result, node) }
+}
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: the one field the double answers.
+const RECOVERY_ACTION_FIELD: c_uint = 230;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    let Ok(count) = usize::try_from(count) else {
+        return INVALID_ARGUMENT;
+    };
+    if values.is_null() {
+        return INVALID_ARGUMENT;
+    }
+    let gpu = match gpu(device) {
+        Ok(gpu) => gpu,
+        Err(code) => return code,
+    };
+    for at in 0..count {
+        // SAFETY: the array holds `count` values (NVML's contract) and `at < count`.
+        let value = unsafe { &mut *values.add(at) };
+        let answer = if value.fieldId == RECOVERY_ACTION_FIELD {
+            with(|machine| machine.recovery_action(gpu))
+        } else {
+            Err(machine::NOT_SUPPORTED)
+        };
+        match answer {
+            Ok(action) => {
+                value.nvmlReturn = SUCCESS;
+                value.valueType =
+                    nvml_wrapper_sys::bindings::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT;
+                value.value.uiVal = action;
+            }
+            Err(code) => value.nvmlReturn = code,
+        }
+    }
+    SUCCESS
 }
 
 /// `nvmlDeviceAddressingMode_v1_t` (NVML 580), not in nvml-wrapper-sys 0.9.
@@ -1044,6 +1084,21 @@ pub unsafe extern "C" fn nvmlMockRefusePlacements(
     unsafe {
         control(uuid, |machine, gpu| {
             machine.refuse_placements(gpu, profile_id)
+        })
+    }
+}
+
+/// The GPU reports `action` as its recovery action (field 230: 0 none, 1 GPU reset, 2 node
+/// reboot, 3 drain P2P, 4 drain and reset).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlMockSetRecoveryAction(
+    uuid: *const c_char,
+    action: c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: NVML's contract on strings.
+    unsafe {
+        control(uuid, |machine, gpu| {
+            machine.set_recovery_action(gpu, action)
         })
     }
 }

@@ -278,6 +278,12 @@ impl NvmlDouble {
         self.uuid_and_int("nvmlMockSetMigMode", gpu_uuid, u32::from(enabled))
     }
 
+    /// The GPU reports this NVML recovery action (field 230: 0 none, 1 GPU reset, 2 node
+    /// reboot, 3 drain P2P, 4 drain and reset).
+    pub fn set_recovery_action(&self, gpu_uuid: &str, action: u32) -> Result<(), DoubleError> {
+        self.uuid_and_int("nvmlMockSetRecoveryAction", gpu_uuid, action)
+    }
+
     /// `nvmlInit` calls not yet matched by `nvmlShutdown`.
     pub fn init_count(&self) -> Result<u32, DoubleError> {
         self.counter(b"nvmlMockInitCount\0")

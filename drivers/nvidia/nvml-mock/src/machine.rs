@@ -167,6 +167,8 @@ pub(crate) struct Machine {
     memory_not_supported: BTreeSet<u32>,
     raw_brand: BTreeMap<u32, u32>,
     refused_placements: BTreeSet<(u32, u32)>,
+    /// GPU → the recovery action field 230 reports (absent: 0, none).
+    recovery: BTreeMap<u32, u32>,
     sets: BTreeMap<u32, EventSet>,
     next_set: u32,
 }
@@ -190,6 +192,7 @@ impl Machine {
             memory_not_supported: BTreeSet::new(),
             raw_brand: BTreeMap::new(),
             refused_placements: BTreeSet::new(),
+            recovery: BTreeMap::new(),
             sets: BTreeMap::new(),
             next_set: 1,
         })
@@ -845,6 +848,16 @@ impl Machine {
 
     pub(crate) fn set_raw_brand(&mut self, gpu: u32, raw: u32) {
         self.raw_brand.insert(gpu, raw);
+    }
+
+    pub(crate) fn set_recovery_action(&mut self, gpu: u32, action: u32) {
+        self.recovery.insert(gpu, action);
+    }
+
+    /// NVML's recovery action of a GPU (field 230).
+    pub(crate) fn recovery_action(&self, gpu: u32) -> Result<u32, Code> {
+        self.gpu(gpu)?;
+        Ok(self.recovery.get(&gpu).copied().unwrap_or(0))
     }
 
     pub(crate) fn refuse_placements(&mut self, gpu: u32, profile_id: u32) {

@@ -31,6 +31,64 @@ impl fmt::Display for HealthEventKind {
     }
 }
 
+/// What NVML says a GPU needs before it can be trusted again
+/// (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, field 230).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RecoveryAction {
+    /// Nothing: the GPU can be used.
+    None,
+    /// A GPU reset.
+    GpuReset,
+    /// A node reboot.
+    NodeReboot,
+    /// Draining peer-to-peer traffic.
+    DrainP2p,
+    /// Draining, then a GPU reset.
+    DrainAndReset,
+    /// A value this plugin does not know: treated as needing attention.
+    Unknown(u32),
+}
+
+impl RecoveryAction {
+    /// From NVML's value (`NVML_GPU_RECOVERY_ACTION_*`: 0 none, 1 GPU reset, 2 node reboot,
+    /// 3 drain P2P, 4 drain and reset).
+    pub fn from_nvml(value: u32) -> Self {
+        match value {
+            0 => Self::None,
+            1 => Self::GpuReset,
+            2 => Self::NodeReboot,
+            3 => Self::DrainP2p,
+            4 => Self::DrainAndReset,
+            other => Self::Unknown(other),
+        }
+    }
+
+    /// NVML's value.
+    pub fn to_nvml(self) -> u32 {
+        match self {
+            Self::None => 0,
+            Self::GpuReset => 1,
+            Self::NodeReboot => 2,
+            Self::DrainP2p => 3,
+            Self::DrainAndReset => 4,
+            Self::Unknown(other) => other,
+        }
+    }
+}
+
+impl fmt::Display for RecoveryAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::GpuReset => f.write_str("a GPU reset"),
+            Self::NodeReboot => f.write_str("a node reboot"),
+            Self::DrainP2p => f.write_str("draining peer-to-peer traffic"),
+            Self::DrainAndReset => f.write_str("draining and a GPU reset"),
+            Self::Unknown(value) => write!(f, "recovery action {value}"),
+        }
+    }
+}
+
 /// One event on one device.
 ///
 /// `uuid` is the device the backend reported: a GPU (`GPU-…`) or a MIG device (`MIG-…`). An

@@ -333,6 +333,14 @@ impl GpuBackend for MockBackend {
         Ok(Box::new(self.events.register()?))
     }
 
+    fn recovery_action(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Option<crate::backend::events::RecoveryAction>, BackendError> {
+        self.gpu(gpu_uuid)?;
+        Ok(self.events.recovery_action(gpu_uuid))
+    }
+
     fn driver_version(&self) -> Result<String, BackendError> {
         Ok(self.inventory.driver_version.clone())
     }

@@ -86,6 +86,16 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
         })
     }
 
+    /// What the GPU needs before its health taints may be cleared (NVML's recovery action);
+    /// `None` when the backend or the driver does not report one. Default: `None`.
+    fn recovery_action(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Option<crate::backend::events::RecoveryAction>, BackendError> {
+        let _ = gpu_uuid;
+        Ok(None)
+    }
+
     /// Lets go of every GPU for as long as the returned guard lives, so that a check for
     /// processes holding `/dev/nvidia<N>` (before a GPU is bound to vfio-pci) does not find
     /// this plugin: NVML is shut down between calls until the guard is dropped. Default:

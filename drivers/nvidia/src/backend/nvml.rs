@@ -244,6 +244,15 @@ impl GpuBackend for NvmlBackend {
         events::register(self, gpu_uuids).map(|stream| Box::new(stream) as _)
     }
 
+    fn recovery_action(
+        &self,
+        gpu_uuid: &str,
+    ) -> Result<Option<crate::backend::events::RecoveryAction>, BackendError> {
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
+        Ok(self.mig.recovery_action(&device))
+    }
+
     fn release_devices(&self) -> DeviceRelease {
         let mut sessions = lock(&self.sessions);
         sessions.releases += 1;
@@ -660,10 +669,11 @@ mod ffi {
     use nvml_wrapper::error::nvml_try;
     use nvml_wrapper::{Device, Nvml};
     use nvml_wrapper_sys::bindings::{
-        NvmlLib, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlGpuInstance_t,
-        nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
-        nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT, nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
-        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED, nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
+        NvmlLib, nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t,
+        nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+        nvmlGpuInstanceProfileInfo_v2_t, nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+        nvmlReturn_enum_NVML_ERROR_NOT_FOUND, nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        nvmlReturn_enum_NVML_SUCCESS, nvmlReturn_t,
     };
 
     use crate::backend::{BackendError, MigDeviceInfo, MigEngines, MigPlacement, MigProfileInfo};
@@ -757,6 +767,33 @@ mod ffi {
             let raw =
                 unsafe { libloading::Library::new(library) }.map_err(|error| error.to_string())?;
             Ok(Self { lib, raw })
+        }
+
+        /// NVML's recovery action for the GPU (field `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`,
+        /// 230, R565 and later); `None` when the driver does not report it.
+        pub(super) fn recovery_action(
+            &self,
+            device: &Device<'_>,
+        ) -> Option<crate::backend::events::RecoveryAction> {
+            /// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
+            const RECOVERY_ACTION_FIELD: u32 = 230;
+            self.lib.nvmlDeviceGetFieldValues.as_ref().ok()?;
+            // SAFETY: a plain C struct of integers and a union of integers; all zero is valid.
+            let mut value: nvmlFieldValue_t = unsafe { std::mem::zeroed() };
+            value.fieldId = RECOVERY_ACTION_FIELD;
+            // SAFETY: symbol checked; a live device handle; one valid field value to fill.
+            let code = unsafe {
+                self.lib
+                    .nvmlDeviceGetFieldValues(device.handle(), 1, &mut value)
+            };
+            if code != nvmlReturn_enum_NVML_SUCCESS
+                || value.nvmlReturn != nvmlReturn_enum_NVML_SUCCESS
+            {
+                return None;
+            }
+            // SAFETY: NVML reports this field as an unsigned int (`uiVal`).
+            let raw = unsafe { value.value.uiVal };
+            Some(crate::backend::events::RecoveryAction::from_nvml(raw))
         }
 
         /// `HMM` or `ATS` when the driver exports `nvmlDeviceGetAddressingMode` and the GPU

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{HealthPolicy, RESET_ALL, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
-use crate::backend::events::{HealthEvent, HealthEventKind};
+use crate::backend::events::{HealthEvent, HealthEventKind, RecoveryAction};
 use crate::backend::{BackendError, GpuBackend};
 use crate::devices::Discovery;
 
@@ -115,6 +115,16 @@ impl DeviceMap {
             .flat_map(|(gpu, migs)| gpu.iter().chain(migs))
             .cloned()
             .collect()
+    }
+
+    /// The UUID of the GPU a device is (or is on).
+    fn gpu_of(&self, device: &str) -> Option<&str> {
+        self.gpus
+            .iter()
+            .find(|(_, (gpu, migs))| {
+                gpu.as_deref() == Some(device) || migs.iter().any(|mig| mig == device)
+            })
+            .map(|(uuid, _)| uuid.as_str())
     }
 
     /// The devices an event on `uuid` affects; `None` when the UUID is unknown.
@@ -284,6 +294,17 @@ impl HealthTracker {
     /// Untaints devices without a new event for the recovery period (not lost GPUs); the
     /// states that changed.
     pub fn recover(&mut self, now: Instant) -> Vec<DeviceState> {
+        self.recover_with(now, &|_| None)
+    }
+
+    /// [`HealthTracker::recover`], except that a device whose GPU's recovery action
+    /// (`recovery`, by GPU UUID) asks for something (a reset, a reboot, a drain) keeps its
+    /// taints until the GPU says none is needed.
+    pub fn recover_with(
+        &mut self,
+        now: Instant,
+        recovery: &dyn Fn(&str) -> Option<RecoveryAction>,
+    ) -> Vec<DeviceState> {
         let Some(period) = self.policy.recovery_period else {
             return Vec::new();
         };
@@ -292,6 +313,15 @@ impl HealthTracker {
             let quiet = faults
                 .last_event
                 .is_some_and(|last| now.saturating_duration_since(last) >= period);
+            let needed = self
+                .map
+                .gpu_of(device)
+                .and_then(recovery)
+                .filter(|action| *action != RecoveryAction::None);
+            if let (true, Some(action)) = (quiet, needed) {
+                tracing::debug!(device, %action, "quiet, but the GPU needs {action}; taints kept");
+                continue;
+            }
             if quiet {
                 let before = faults.taints.len();
                 faults.taints.retain(|key, _| key == TAINT_GPU_LOST);
@@ -302,6 +332,15 @@ impl HealthTracker {
         }
         self.faults.retain(|_, faults| !faults.taints.is_empty());
         changed.iter().map(|device| self.state(device)).collect()
+    }
+
+    /// The GPUs with at least one tainted device.
+    fn faulted_gpus(&self) -> BTreeSet<String> {
+        self.faults
+            .keys()
+            .filter_map(|device| self.map.gpu_of(device))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// The operator's signal: untaints `device` ([`RESET_ALL`]: every device), lost GPUs
@@ -377,6 +416,29 @@ impl HealthMonitor {
         tokio::spawn(self.run(ctx, receiver).instrument(span))
     }
 
+    /// The recovery actions of the GPUs with tainted devices, read on a blocking thread (an
+    /// NVML call).
+    async fn recovery_actions(&self) -> BTreeMap<String, RecoveryAction> {
+        let gpus = self.tracker.faulted_gpus();
+        if gpus.is_empty() {
+            return BTreeMap::new();
+        }
+        let backend = Arc::clone(&self.backend);
+        tokio::task::spawn_blocking(move || {
+            gpus.into_iter()
+                .filter_map(|gpu| match backend.recovery_action(&gpu) {
+                    Ok(action) => action.map(|action| (gpu, action)),
+                    Err(error) => {
+                        tracing::debug!(%gpu, %error, "recovery action unreadable");
+                        None
+                    }
+                })
+                .collect()
+        })
+        .await
+        .unwrap_or_default()
+    }
+
     async fn run(mut self, ctx: DriverContext, mut receiver: mpsc::Receiver<Message>) {
         let token = ctx.cancellation_token();
         let mut ticks = tokio::time::interval(self.policy.check_interval);
@@ -400,7 +462,10 @@ impl HealthMonitor {
                     }
                 },
                 _ = ticks.tick() => {
-                    let mut changed = self.tracker.recover(Instant::now());
+                    let recovery = self.recovery_actions().await;
+                    let mut changed = self
+                        .tracker
+                        .recover_with(Instant::now(), &|gpu| recovery.get(gpu).copied());
                     if let Some(dir) = self.policy.reset_dir.clone() {
                         for device in take_resets(&dir).await {
                             tracing::info!(device, "operator reset of device health");
@@ -583,6 +648,25 @@ mod tests {
             .remove(0);
         assert_eq!(state.status, HealthStatus::Unhealthy);
         assert_eq!(state.taints[0].value.as_deref(), Some("79"));
+    }
+
+    #[test]
+    fn taints_stay_while_the_gpu_asks_for_a_reset() {
+        let period = Duration::from_secs(60);
+        let mut tracker = tracker(HealthPolicy::default().recovery_period(Some(period)));
+        let start = Instant::now();
+        tracker.on_event(&xid("GPU-0", 79), start);
+        let later = start + Duration::from_secs(61);
+        let reset = |gpu: &str| (gpu == "GPU-0").then_some(RecoveryAction::GpuReset);
+        assert!(
+            tracker.recover_with(later, &reset).is_empty(),
+            "a reset is still needed"
+        );
+        assert!(!taints(&tracker.state("gpu-0")).is_empty());
+        let done = |_: &str| Some(RecoveryAction::None);
+        let changed = tracker.recover_with(later, &done);
+        assert_eq!(changed.len(), 2, "the GPU and its MIG device: {changed:?}");
+        assert!(changed.iter().all(|state| state.taints.is_empty()));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::BackendError;
-use crate::backend::events::{HealthEvent, HealthEventStream};
+use crate::backend::events::{HealthEvent, HealthEventStream, RecoveryAction};
 
 /// How often a waiting stream looks at the event file.
 const FILE_POLL: Duration = Duration::from_millis(50);
@@ -48,6 +48,8 @@ struct State {
     injected: VecDeque<HealthEvent>,
     file: Option<PathBuf>,
     refuse_registration: Option<String>,
+    /// GPU UUID → the recovery action the GPU reports (none set: not reported).
+    recovery: std::collections::BTreeMap<String, RecoveryAction>,
 }
 
 impl fmt::Debug for MockEvents {
@@ -98,6 +100,16 @@ impl MockEvents {
     /// the monitor marks the devices unmonitored.
     pub fn refuse_registration(&self, reason: impl Into<String>) {
         self.state().refuse_registration = Some(reason.into());
+    }
+
+    /// Makes the GPU report `action` as its recovery action, as NVML's field 230 would.
+    pub fn set_recovery_action(&self, gpu_uuid: impl Into<String>, action: RecoveryAction) {
+        self.state().recovery.insert(gpu_uuid.into(), action);
+    }
+
+    /// The recovery action set for a GPU.
+    pub(crate) fn recovery_action(&self, gpu_uuid: &str) -> Option<RecoveryAction> {
+        self.state().recovery.get(gpu_uuid).copied()
     }
 
     /// A stream from the first injected event and the start of the file.
