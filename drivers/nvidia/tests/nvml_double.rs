@@ -364,3 +364,57 @@ fn the_recovery_action_comes_from_nvml() {
         Some(RecoveryAction::NodeReboot)
     );
 }
+
+/// The profile variants of current NVML headers past nvml-wrapper-sys's 13 (`-me`, `+me.all`,
+/// and the `+gfx` ones at 10-12), on a machine whose table has them: read through NVML like
+/// the rest. The rows are dgx-h100's with those names (the engines are not Blackwell's; what is
+/// checked is that every enum index is asked).
+#[test]
+fn profile_variants_past_index_twelve_are_read() {
+    let shipped = dra_driver_nvidia::backend::mock::SHIPPED_PROFILES
+        .iter()
+        .find(|(name, _)| *name == "dgx-h100")
+        .unwrap()
+        .1;
+    let variants = [
+        ("1g.10gb+gfx", 30, 1),
+        ("1g.10gb-me", 31, 1),
+        ("1g.10gb+me.all", 32, 1),
+        ("2g.20gb-me", 33, 2),
+        ("2g.20gb+me.all", 34, 2),
+    ];
+    let rows: String = variants
+        .iter()
+        .map(|(name, id, slices)| {
+            let placements = if *slices == 1 { "{0,1,2,3,4,5,6}:1" } else { "{0,2,4}:2" };
+            format!(
+                "    - {{ id: {id}, name: {name}, sliceCount: {slices}, maxInstances: 1, memoryMiB: {}, multiprocessors: 16, copyEngines: 1, decoders: 0, encoders: 0, jpegEngines: 0, ofaEngines: 0, placements: \"{placements}\" }}\n",
+                9984 * slices
+            )
+        })
+        .collect();
+    let anchor = "  h100-80gb-hbm3:\n    - { id: 19,";
+    assert!(shipped.contains(anchor));
+    let yaml = shipped
+        .replacen(
+            anchor,
+            &format!("  h100-80gb-hbm3:\n{rows}    - {{ id: 19,"),
+            1,
+        )
+        .replace("name: dgx-h100", "name: variants");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("variants.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let profile = path.to_str().unwrap();
+    let (_double, nvml) = over_double(profile);
+    let read = nvml.inventory().unwrap();
+    let ids: Vec<u32> = read.gpus[0]
+        .mig_profiles
+        .iter()
+        .map(|profile| profile.id)
+        .collect();
+    for (name, id, _) in variants {
+        assert!(ids.contains(&id), "{name} ({id}) not read: {ids:?}");
+    }
+    assert_eq!(read, mock_inventory(profile));
+}
