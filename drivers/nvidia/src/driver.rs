@@ -228,6 +228,7 @@ impl NvidiaDriverBuilder {
                 context: Mutex::new(None),
                 mig: self.mig,
                 mig_instances: dynamic_mig::MigInstances::default(),
+                discovery: Mutex::new(None),
             }),
         }
     }
@@ -264,6 +265,9 @@ struct Inner {
     /// Dynamic MIG partitions with an instance and the claims holding them; also the lock
     /// of MIG operations.
     mig_instances: dynamic_mig::MigInstances,
+    /// The node's devices as last read: prepare resolves names against it and reads the
+    /// hardware again only for a name it does not know (the node changed since).
+    discovery: Mutex<Option<Arc<Discovery>>>,
 }
 
 impl NvidiaDriver {
@@ -514,23 +518,77 @@ fn device_error(device: &str, reason: impl std::fmt::Display) -> DriverError {
 }
 
 /// Reads the hardware now: the backend's inventory, completed with the host's PCI facts, with
-/// the devices named exactly as they are published ([`Discovery`]).
-fn discover(inner: &Inner) -> Result<Discovery, DriverError> {
+/// the devices named exactly as they are published ([`Discovery`]); kept for the next
+/// prepare.
+fn discover(inner: &Inner) -> Result<Arc<Discovery>, DriverError> {
     let options = DiscoveryOptions::new()
         .passthrough(inner.gates.is_enabled(FeatureGate::PassthroughSupport))
         .dynamic_mig(inner.gates.is_enabled(FeatureGate::DynamicMig));
-    Discovery::discover(inner.backend.as_ref(), inner.host.as_ref(), &options)
-        .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))
+    let discovery = Arc::new(
+        Discovery::discover(inner.backend.as_ref(), inner.host.as_ref(), &options)
+            .map_err(|error| DriverError::Unavailable(format!("reading the GPUs: {error}")))?,
+    );
+    *inner
+        .discovery
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(Arc::clone(&discovery));
+    Ok(discovery)
+}
+
+/// The devices as last read, or read now when they never were or `names` holds one they do
+/// not know (the node changed: a GPU back from vfio-pci, MIG reconfigured by hand). Prepare
+/// therefore reads the whole inventory once, not per call; what a call needs of the hardware
+/// now it asks about the GPU concerned.
+async fn discovery_for(inner: &Arc<Inner>, names: &[&str]) -> Result<Arc<Discovery>, DriverError> {
+    let known = inner
+        .discovery
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone()
+        .filter(|discovery| names.iter().all(|name| discovery.device(name).is_some()));
+    if let Some(discovery) = known {
+        return Ok(discovery);
+    }
+    let inner = Arc::clone(inner);
+    tokio::task::spawn_blocking(move || discover(&inner))
+        .await
+        .map_err(join_error)?
+}
+
+/// The GPU a device is (on) still answers: one lost since discovery fails the claims of its
+/// own devices only (the health monitor reports it); the backend is asked about that GPU
+/// alone.
+fn present(inner: &Inner, device: &str, gpu_uuid: &str) -> Result<(), DriverError> {
+    match inner.backend.gpu(gpu_uuid) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(device_error(
+            device,
+            format!(
+                "GPU {gpu_uuid} is gone (fallen off the bus, removed, or bound to another \
+                 driver); nothing was prepared"
+            ),
+        )),
+        Err(error) => Err(device_error(
+            device,
+            format!("GPU {gpu_uuid} cannot be read: {error}"),
+        )),
+    }
 }
 
 /// Resolves an allocated device name to what it is on this node now.
 fn resolve(inner: &Inner, discovery: &Discovery, device: &str) -> Result<Target, DriverError> {
     match discovery.device(device) {
-        Some(NodeDevice::Gpu(gpu)) => Ok(Target::Gpu(gpu.info.clone())),
-        Some(NodeDevice::Mig(mig)) => Ok(Target::Mig {
-            parent: mig.parent.clone(),
-            mig: mig.mig.clone(),
-        }),
+        Some(NodeDevice::Gpu(gpu)) => {
+            present(inner, device, &gpu.info.uuid)?;
+            Ok(Target::Gpu(gpu.info.clone()))
+        }
+        Some(NodeDevice::Mig(mig)) => {
+            present(inner, device, &mig.parent.uuid)?;
+            Ok(Target::Mig {
+                parent: mig.parent.clone(),
+                mig: mig.mig.clone(),
+            })
+        }
         Some(NodeDevice::Vfio(vfio)) => Ok(Target::Vfio {
             bus_id: vfio.pci_bus_id.clone(),
             minor: vfio.gpu.as_ref().map(|gpu| gpu.minor),
@@ -902,13 +960,21 @@ impl Driver for NvidiaDriver {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()) = MpsRunner::Deployment(runner);
         }
-        let Some(policy) = self.inner.health.clone() else {
-            return Ok(());
-        };
+        // The devices as they are at start: prepares resolve names against them, and a GPU
+        // lost later fails its own claims by name (`present`) instead of being unknown.
         let inner = Arc::clone(&self.inner);
         let discovery = tokio::task::spawn_blocking(move || discover(&inner))
             .await
-            .map_err(join_error)??;
+            .map_err(join_error)?;
+        let Some(policy) = self.inner.health.clone() else {
+            // Without health monitoring nothing needs the devices now: the first prepare
+            // reads them again.
+            if let Err(error) = discovery {
+                tracing::warn!(%error, "the devices cannot be read at start; prepares will retry");
+            }
+            return Ok(());
+        };
+        let discovery = discovery?;
         HealthMonitor::new(
             Arc::clone(&self.inner.backend),
             &discovery,
@@ -925,12 +991,12 @@ impl Driver for NvidiaDriver {
 
     async fn prepare(&self, claim: &Claim<NvidiaConfig>) -> Result<PreparedClaim, DriverError> {
         let inner = Arc::clone(&self.inner);
-        let discovery = {
-            let inner = Arc::clone(&inner);
-            tokio::task::spawn_blocking(move || discover(&inner))
-                .await
-                .map_err(join_error)??
-        };
+        let names: Vec<&str> = claim
+            .devices
+            .iter()
+            .map(|device| device.device.name.as_str())
+            .collect();
+        let discovery = discovery_for(&inner, &names).await?;
 
         let mut planned = Vec::with_capacity(claim.devices.len());
         for device in &claim.devices {

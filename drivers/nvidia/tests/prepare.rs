@@ -1182,3 +1182,41 @@ async fn a_vfio_claim_failed_by_the_sdk_after_prepare_still_gives_the_gpu_back()
 }
 
 mod dynamic_mig;
+
+/// A GPU lost after discovery fails the claims of its own devices only; another GPU's claim in
+/// the same call prepares.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn a_lost_gpu_fails_only_its_own_claims_over_nvml() {
+    let f = Fixture::over_nvml("dgx-a100");
+    let lost = f.inventory.gpus[4].info.clone();
+    let driver = f.driver("");
+    let r = start_driver(f, driver).await;
+    r.f.double().lose_gpu(&lost.uuid).unwrap();
+    let on_lost = r
+        .claim(AllocatedClaim::new("default", "on-lost").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            &format!("gpu-{}", lost.minor),
+        ))
+        .await;
+    let healthy = r
+        .claim(AllocatedClaim::new("default", "healthy").device(
+            "gpu",
+            DRIVER_NAME,
+            NODE_NAME,
+            "gpu-5",
+        ))
+        .await;
+    let results = r
+        .kubelet
+        .prepare(&[on_lost.clone(), healthy.clone()])
+        .await
+        .unwrap();
+    let error = results[&on_lost.uid].clone().unwrap_err();
+    assert_contains(&error, "is gone");
+    assert_contains(&error, &lost.uuid);
+    assert!(results[&healthy.uid].is_ok(), "{:?}", results[&healthy.uid]);
+    r.shutdown().await;
+}

@@ -414,9 +414,12 @@ async fn a_shared_partition_is_created_once_and_destroyed_with_its_last_claim() 
         &error,
         format!("conflicting configuration: device {device} is shared with claim default/"),
     );
-    // The GPU is in MIG mode now: its full GPU is not there to share.
+    // The GPU is in MIG mode now, split for the partition: its full GPU is not there to share.
     let error = r.prepare_one(&whole).await.unwrap_err();
-    assert_contains(&error, "gpu-2: no such device on this node now");
+    assert_contains(
+        &error,
+        format!("gpu-2: the GPU's MIG partition {device} is prepared for claim default/"),
+    );
     // The other way round: a GPU shared whole is not split for a partition's share.
     let shared_whole = r.claim(whole_share("shared-whole", "gpu-5")).await;
     let split = r
