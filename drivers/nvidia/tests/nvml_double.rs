@@ -418,3 +418,37 @@ fn profile_variants_past_index_twelve_are_read() {
     }
     assert_eq!(read, mock_inventory(profile));
 }
+
+/// `resource.kubernetes.io/numaNode` comes from the PCI device's sysfs node, not NVML's NUMA
+/// ID (on GH200 and GB200 that is the GPU memory's node); `addressingMode` from NVML.
+#[test]
+fn numa_node_comes_from_sysfs_and_addressing_mode_from_nvml() {
+    let shipped = dra_driver_nvidia::backend::mock::SHIPPED_PROFILES
+        .iter()
+        .find(|(name, _)| *name == "dgx-h100")
+        .unwrap()
+        .1;
+    let anchor = "    pciDeviceId: \"0x2330\"\n";
+    assert!(shipped.contains(anchor));
+    let yaml = shipped.replacen(anchor, &format!("{anchor}    addressingMode: ATS\n"), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ats.yaml");
+    std::fs::write(&path, &yaml).unwrap();
+    let profile = path.to_str().unwrap();
+    let mock = MockBackend::from_profile(profile).unwrap();
+    // sysfs puts GPU 0 on node 1; NVML (the profile) says 0.
+    let mut sysfs = mock.hardware().clone();
+    assert_eq!(sysfs.gpus[0].info.numa_node, Some(0));
+    sysfs.gpus[0].info.numa_node = Some(1);
+    let host = FakeHostTree::new(dir.path().join("host"))
+        .build(&sysfs)
+        .unwrap();
+    let (_double, nvml) = over_double(profile);
+    assert_eq!(nvml.gpus().unwrap()[0].numa_node, Some(0), "NVML's own ID");
+    let discovery = Discovery::discover(&nvml, &host, &DiscoveryOptions::new()).unwrap();
+    assert_eq!(discovery.gpus[0].info.numa_node, Some(1), "sysfs wins");
+    assert_eq!(
+        discovery.gpus[0].info.addressing_mode.as_deref(),
+        Some("ATS")
+    );
+}
