@@ -414,3 +414,75 @@ async fn dynamic_mig_counters_keep_partitions_apart() {
         .refused("four", "mig.nvidia.com", Some(&on_gpu0("2g.20gb")))
         .await;
 }
+
+/// What reaches the API server is the same, byte for byte, whether the plugin reads the
+/// machine through the mock backend or through NVML over the libnvidia-ml double: every
+/// shipped profile, in the default, passthrough and dynamic-MIG layouts.
+#[cfg(feature = "nvml")]
+#[tokio::test]
+async fn the_nvml_backend_publishes_byte_identical_slices() {
+    for (profile, _) in dra_driver_nvidia::backend::mock::SHIPPED_PROFILES {
+        for gates in ["", "PassthroughSupport=true", "DynamicMIG=true"] {
+            let mock = published_specs(profile, gates, false).await;
+            let nvml = published_specs(profile, gates, true).await;
+            assert!(!mock.is_empty());
+            assert_eq!(nvml, mock, "{profile} with {gates:?}");
+        }
+    }
+}
+
+/// The specs of the ResourceSlices the plugin publishes for `profile` (names and metadata are
+/// the server's), as JSON, in a stable order.
+#[cfg(feature = "nvml")]
+async fn published_specs(profile: &str, gates: &str, over_nvml: bool) -> Vec<String> {
+    use dra_driver_nvidia::backend::nvml::NvmlBackend;
+    use dra_driver_nvidia::devices::{Discovery, DiscoveryOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("host");
+    let cli = plugin_cli(&[
+        "--mock-profile",
+        profile,
+        "--mock-host-root",
+        root.to_str().unwrap(),
+        "--feature-gates",
+        gates,
+    ]);
+    let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    let mut double = None;
+    let resources = if over_nvml {
+        let loaded = nvml_mock::NvmlDouble::with_root(profile, &root).unwrap();
+        let backend = NvmlBackend::open(loaded.library()).unwrap();
+        let options = DiscoveryOptions::new()
+            .passthrough(gates.contains("PassthroughSupport"))
+            .dynamic_mig(gates.contains("DynamicMIG"));
+        let discovery = Discovery::discover(&backend, nvidia.host.as_ref(), &options).unwrap();
+        double = Some(loaded);
+        discovery.resources(NODE_NAME)
+    } else {
+        nvidia.resources(NODE_NAME)
+    };
+    let cluster = TestCluster::start().await.unwrap();
+    let plugin = cluster
+        .plugin(nvidia.driver.clone(), DRIVER_NAME)
+        .resources(resources)
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(10), plugin.published())
+        .await
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let mut specs: Vec<String> = slices
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|slice| serde_json::to_string(&slice.spec).unwrap())
+        .collect();
+    specs.sort();
+    drop(plugin);
+    drop(double);
+    specs
+}

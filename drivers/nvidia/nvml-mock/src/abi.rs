@@ -1,7 +1,7 @@
 //! The exported C functions: NVML's (the ones the NVML backend and nvml-wrapper call, with
 //! nvml-wrapper-sys's signatures) and the double's control functions (`nvmlMock*`).
 //!
-//! Each function turns its handles and pointers into a call on the [`Machine`], then writes
+//! Each function turns its handles and pointers into a call on the emulated driver, then writes
 //! the answer through the caller's out-pointers. A null out-pointer is `INVALID_ARGUMENT`,
 //! as in NVML.
 //!
@@ -138,9 +138,26 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
     with(|machine| Ok(machine.shutdown())).unwrap_or_else(|code| code)
 }
 
+/// NVML's text for the codes the double returns.
 #[unsafe(no_mangle)]
-pub extern "C" fn nvmlErrorString(_result: nvmlReturn_t) -> *const c_char {
-    c"NVML double error".as_ptr()
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let text = match result {
+        0 => c"Success",
+        1 => c"Uninitialized",
+        2 => c"Invalid Argument",
+        3 => c"Not Supported",
+        6 => c"Not Found",
+        7 => c"Insufficient Size",
+        9 => c"Driver Not Loaded",
+        10 => c"Timeout",
+        15 => c"GPU is lost",
+        16 => c"GPU requires restart",
+        19 => c"In use by another client",
+        23 => c"Insufficient resources",
+        25 => c"Argument version mismatch",
+        _ => c"Unknown Error",
+    };
+    text.as_ptr()
 }
 
 // ---- system ---------------------------------------------------------------------------------
