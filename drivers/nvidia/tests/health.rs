@@ -345,3 +345,30 @@ async fn devices_are_unmonitored_when_events_cannot_be_registered() {
     fixture.wait_health(&devices, HealthStatus::Unknown).await;
     fixture.running.shutdown().await.unwrap();
 }
+
+/// One GPU whose registration fails is unmonitored alone: its device carries the informational
+/// taint and is Unknown, the others stay Healthy and untainted.
+#[tokio::test]
+async fn a_gpu_whose_registration_fails_is_unmonitored_alone() {
+    let nvidia = plugin(&["--mock-profile", "dgx-a100"]);
+    let unwatched = nvidia.discovery.gpus[1].clone();
+    nvidia
+        .mock_events
+        .as_ref()
+        .unwrap()
+        .refuse_registration_of(&unwatched.info.uuid);
+    let mut fixture = start(nvidia).await;
+    fixture
+        .wait_taints(
+            std::slice::from_ref(&unwatched.name),
+            &taint(TAINT_UNMONITORED, None, "None"),
+        )
+        .await;
+    fixture
+        .wait_health(std::slice::from_ref(&unwatched.name), HealthStatus::Unknown)
+        .await;
+    let (_, other) = fixture.gpu(0);
+    assert!(fixture.taints(&other).await.is_empty());
+    fixture.wait_health(&[other], HealthStatus::Healthy).await;
+    fixture.running.shutdown().await.unwrap();
+}

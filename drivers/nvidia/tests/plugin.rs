@@ -32,6 +32,20 @@ async fn start(profile: &str, gates: &str) -> Fixture {
 async fn start_with(profile: &str, flags: &[&str]) -> Fixture {
     let cli = plugin_cli(&[&["--mock-profile", profile], flags].concat());
     let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    let (cluster, plugin) = serve(&nvidia, nvidia.resources(NODE_NAME)).await;
+    Fixture {
+        cluster,
+        _plugin: plugin,
+        _nvidia: nvidia,
+    }
+}
+
+/// A test cluster with the NVIDIA DeviceClasses, and `nvidia`'s driver serving `resources` in
+/// it, published.
+async fn serve(
+    nvidia: &NvidiaPlugin,
+    resources: dra_sdk::slices::DriverResources,
+) -> (TestCluster, dra_sdk::plugin::KubeletPlugin) {
     let cluster = TestCluster::start().await.unwrap();
     let classes: Api<DeviceClass> = Api::all(cluster.client());
     for class in device_classes() {
@@ -42,18 +56,14 @@ async fn start_with(profile: &str, flags: &[&str]) -> Fixture {
     }
     let plugin = cluster
         .plugin(nvidia.driver.clone(), DRIVER_NAME)
-        .resources(nvidia.resources(NODE_NAME))
+        .resources(resources)
         .start()
         .await
         .unwrap();
     tokio::time::timeout(std::time::Duration::from_secs(10), plugin.published())
         .await
         .unwrap();
-    Fixture {
-        cluster,
-        _plugin: plugin,
-        _nvidia: nvidia,
-    }
+    (cluster, plugin)
 }
 
 impl Fixture {
@@ -462,16 +472,7 @@ async fn published_specs(profile: &str, gates: &str, over_nvml: bool) -> Vec<Str
     } else {
         nvidia.resources(NODE_NAME)
     };
-    let cluster = TestCluster::start().await.unwrap();
-    let plugin = cluster
-        .plugin(nvidia.driver.clone(), DRIVER_NAME)
-        .resources(resources)
-        .start()
-        .await
-        .unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(10), plugin.published())
-        .await
-        .unwrap();
+    let (cluster, plugin) = serve(&nvidia, resources).await;
     let slices: Api<ResourceSlice> = Api::all(cluster.client());
     let mut specs: Vec<String> = slices
         .list(&ListParams::default())

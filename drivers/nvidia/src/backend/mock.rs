@@ -328,9 +328,9 @@ impl GpuBackend for MockBackend {
 
     fn health_events(
         &self,
-        _gpu_uuids: &[String],
+        gpu_uuids: &[String],
     ) -> Result<Box<dyn HealthEventStream + '_>, BackendError> {
-        Ok(Box::new(self.events.register()?))
+        Ok(Box::new(self.events.register(gpu_uuids)?))
     }
 
     fn recovery_action(

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::backend::BackendError;
-use crate::backend::events::{HealthEvent, HealthEventStream, RecoveryAction};
+use crate::backend::events::{HealthEvent, HealthEventKind, HealthEventStream, RecoveryAction};
 
 /// How often a waiting stream looks at the event file.
 const FILE_POLL: Duration = Duration::from_millis(50);
@@ -48,6 +48,8 @@ struct State {
     injected: VecDeque<HealthEvent>,
     file: Option<PathBuf>,
     refuse_registration: Option<String>,
+    /// GPUs whose registration fails alone (the others stay watched).
+    refused_gpus: std::collections::BTreeSet<String>,
     /// GPU UUID → the recovery action the GPU reports (none set: not reported).
     recovery: std::collections::BTreeMap<String, RecoveryAction>,
 }
@@ -102,6 +104,14 @@ impl MockEvents {
         self.state().refuse_registration = Some(reason.into());
     }
 
+    /// Makes registration fail for this GPU alone, as NVML does on one GPU that supports no
+    /// XID or ECC events: a stream registered for it starts with a
+    /// [`HealthEventKind::Unmonitored`](crate::backend::events::HealthEventKind::Unmonitored)
+    /// event on it and never delivers its events; the other GPUs stay watched.
+    pub fn refuse_registration_of(&self, gpu_uuid: impl Into<String>) {
+        self.state().refused_gpus.insert(gpu_uuid.into());
+    }
+
     /// Makes the GPU report `action` as its recovery action, as NVML's field 230 would.
     pub fn set_recovery_action(&self, gpu_uuid: impl Into<String>, action: RecoveryAction) {
         self.state().recovery.insert(gpu_uuid.into(), action);
@@ -112,20 +122,32 @@ impl MockEvents {
         self.state().recovery.get(gpu_uuid).copied()
     }
 
-    /// A stream from the first injected event and the start of the file.
-    pub(crate) fn register(&self) -> Result<MockEventStream, BackendError> {
+    /// A stream from the first injected event and the start of the file, for `gpu_uuids` (the
+    /// refused ones reported unmonitored first).
+    pub(crate) fn register(&self, gpu_uuids: &[String]) -> Result<MockEventStream, BackendError> {
         if let Some(reason) = &self.state().refuse_registration {
             return Err(BackendError::Unsupported {
                 what: format!("health event registration ({reason})"),
                 backend: "mock".into(),
             });
         }
+        let refused: std::collections::BTreeSet<String> = self
+            .state()
+            .refused_gpus
+            .iter()
+            .filter(|gpu| gpu_uuids.contains(gpu))
+            .cloned()
+            .collect();
         Ok(MockEventStream {
             events: self.clone(),
             next_injected: 0,
             file_offset: 0,
-            pending: VecDeque::new(),
+            pending: refused
+                .iter()
+                .map(|gpu| HealthEvent::new(gpu.clone(), HealthEventKind::Unmonitored))
+                .collect(),
             partial: String::new(),
+            refused,
         })
     }
 }
@@ -138,6 +160,8 @@ pub struct MockEventStream {
     file_offset: u64,
     pending: VecDeque<HealthEvent>,
     partial: String,
+    /// GPUs not registered: their events are not delivered.
+    refused: std::collections::BTreeSet<String>,
 }
 
 impl MockEventStream {
@@ -185,8 +209,12 @@ impl HealthEventStream for MockEventStream {
             if let Some(path) = file {
                 self.read_file(&path);
             }
-            if let Some(event) = self.pending.pop_front() {
-                return Ok(Some(event));
+            while let Some(event) = self.pending.pop_front() {
+                let unwatched = self.refused.contains(&event.uuid)
+                    && event.kind != HealthEventKind::Unmonitored;
+                if !unwatched {
+                    return Ok(Some(event));
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -209,14 +237,35 @@ mod tests {
     use std::io::Write;
 
     use super::*;
-    use crate::backend::events::HealthEventKind;
+
+    #[test]
+    fn a_refused_gpu_is_unmonitored_alone() {
+        let events = MockEvents::default();
+        events.refuse_registration_of("GPU-b");
+        let gpus = ["GPU-a".to_owned(), "GPU-b".to_owned()];
+        let mut stream = events.register(&gpus).unwrap();
+        events.inject(HealthEvent::new("GPU-b", HealthEventKind::Xid(79)));
+        events.inject(HealthEvent::new("GPU-a", HealthEventKind::Xid(48)));
+        let first = stream.wait(Duration::from_millis(10)).unwrap().unwrap();
+        assert_eq!(
+            first,
+            HealthEvent::new("GPU-b", HealthEventKind::Unmonitored)
+        );
+        let next = stream.wait(Duration::from_millis(10)).unwrap().unwrap();
+        assert_eq!(
+            next,
+            HealthEvent::new("GPU-a", HealthEventKind::Xid(48)),
+            "GPU-b's XID is not watched"
+        );
+        assert!(stream.wait(Duration::from_millis(10)).unwrap().is_none());
+    }
 
     #[test]
     fn injected_events_reach_every_stream() {
         let events = MockEvents::default();
-        let mut early = events.register().unwrap();
+        let mut early = events.register(&[]).unwrap();
         events.inject(HealthEvent::new("GPU-a", HealthEventKind::Xid(79)));
-        let mut late = events.register().unwrap();
+        let mut late = events.register(&[]).unwrap();
         for stream in [&mut early, &mut late] {
             let event = stream.wait(Duration::from_millis(10)).unwrap().unwrap();
             assert_eq!(event.kind, HealthEventKind::Xid(79));
@@ -230,7 +279,7 @@ mod tests {
         let path = dir.path().join("events");
         let events = MockEvents::default();
         events.watch_file(&path);
-        let mut stream = events.register().unwrap();
+        let mut stream = events.register(&[]).unwrap();
         assert!(stream.wait(Duration::from_millis(10)).unwrap().is_none());
         let mut file = std::fs::File::create(&path).unwrap();
         write!(
@@ -254,6 +303,6 @@ mod tests {
     fn registration_can_be_refused() {
         let events = MockEvents::default();
         events.refuse_registration("not supported on this GPU");
-        assert!(events.register().is_err());
+        assert!(events.register(&[]).is_err());
     }
 }
