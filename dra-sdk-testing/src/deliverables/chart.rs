@@ -67,6 +67,33 @@ pub fn render_chart(
     Ok(documents.into_iter().filter(|d| !d.is_null()).collect())
 }
 
+/// The install notes (`templates/NOTES.txt`) of `chart` with `args`, as `helm install` prints
+/// them: `helm install --dry-run=client`, which renders the notes (`helm template` does not)
+/// without a cluster. `Err` holds helm's error output.
+pub fn render_notes(
+    helm: &Path,
+    chart: &Path,
+    release: &str,
+    namespace: &str,
+    args: &[&str],
+) -> Result<String, String> {
+    let output = Command::new(helm)
+        .args(["install", release])
+        .arg(chart)
+        .args(["--dry-run=client", "--namespace", namespace])
+        .args(args)
+        .output()
+        .map_err(|error| format!("running {}: {error}", helm.display()))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text
+        .split_once("\nNOTES:\n")
+        .map(|(_, notes)| notes.to_owned())
+        .unwrap_or_default())
+}
+
 /// The values sets CI renders a chart with: the defaults, then each file of its `ci/`
 /// directory (sorted), as `(name, helm arguments)`.
 pub fn values_sets(chart: &Path) -> Vec<(String, Vec<String>)> {
@@ -363,6 +390,7 @@ pub fn decode(document: &Value) -> Vec<String> {
     };
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
     let api_version = document["apiVersion"].as_str().unwrap_or_default();
@@ -373,6 +401,7 @@ pub fn decode(document: &Value) -> Vec<String> {
         ("v1", "Pod") => round_trip::<Pod>(document),
         ("v1", "Service") => round_trip::<Service>(document),
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
+        ("networking.k8s.io/v1", "NetworkPolicy") => round_trip::<NetworkPolicy>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
             round_trip::<ClusterRoleBinding>(document)

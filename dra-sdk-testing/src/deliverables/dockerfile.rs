@@ -114,3 +114,161 @@ pub fn check_build_context(workspace: &Path) {
         );
     }
 }
+
+/// A `FROM` line: the image and the stage name it is given (`AS <name>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    /// The image reference (`nvcr.io/nvidia/k8s/container-toolkit:v1.18.1`).
+    pub image: String,
+    /// The stage name, when the line names one.
+    pub name: Option<String>,
+}
+
+/// The `FROM` lines of a Dockerfile, in order (flags such as `--platform` skipped).
+pub fn stages(dockerfile: &str) -> Vec<Stage> {
+    dockerfile
+        .replace("\\\n", " ")
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            if !words.next()?.eq_ignore_ascii_case("FROM") {
+                return None;
+            }
+            let mut words = words.skip_while(|word| word.starts_with("--"));
+            let image = words.next()?.to_owned();
+            let name = match (words.next(), words.next()) {
+                (Some(as_), Some(name)) if as_.eq_ignore_ascii_case("AS") => Some(name.to_owned()),
+                _ => None,
+            };
+            Some(Stage { image, name })
+        })
+        .collect()
+}
+
+/// A `COPY --from=<stage or image>` line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyFrom {
+    /// The stage name or image after `--from=`.
+    pub from: String,
+    /// The paths copied.
+    pub sources: Vec<String>,
+    /// Where they go in the image.
+    pub destination: String,
+}
+
+/// The `COPY --from=...` lines of a Dockerfile, in order (other flags skipped; the JSON
+/// form `COPY ["a", "b"]` is not parsed).
+pub fn copies_from(dockerfile: &str) -> Vec<CopyFrom> {
+    dockerfile
+        .replace("\\\n", " ")
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            if !words.next()?.eq_ignore_ascii_case("COPY") {
+                return None;
+            }
+            let mut from = None;
+            let mut paths = Vec::new();
+            for word in words {
+                if let Some(value) = word.strip_prefix("--from=") {
+                    from = Some(value.to_owned());
+                } else if !word.starts_with("--") {
+                    paths.push(word.to_owned());
+                }
+            }
+            let destination = paths.pop()?;
+            Some(CopyFrom {
+                from: from?,
+                sources: paths,
+                destination,
+            })
+        })
+        .collect()
+}
+
+/// The image a `COPY --from=<from>` reads: the image of the stage named `from`, else `from`
+/// itself (an image reference).
+pub fn image_of(dockerfile: &str, from: &str) -> String {
+    stages(dockerfile)
+        .into_iter()
+        .find(|stage| stage.name.as_deref() == Some(from))
+        .map(|stage| stage.image)
+        .unwrap_or_else(|| from.to_owned())
+}
+
+/// Whether an image reference is pinned: a digest, or a tag naming an exact version
+/// (`v1.18.1`, `1.95.0-bookworm`), never `latest` or a bare `1.18`.
+pub fn is_pinned(image: &str) -> bool {
+    if image.contains("@sha256:") {
+        return true;
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let Some((_, tag)) = last.split_once(':') else {
+        return false;
+    };
+    let version = tag.trim_start_matches('v');
+    let numbers: Vec<&str> = version
+        .split(['-', '+'])
+        .next()
+        .unwrap_or("")
+        .split('.')
+        .collect();
+    numbers.len() >= 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "FROM --platform=$BUILDPLATFORM rust:1.95.0-bookworm AS build\n\
+        RUN cargo build \\\n  --locked\n\
+        FROM nvcr.io/nvidia/k8s/container-toolkit:v1.18.1 AS toolkit\n\
+        FROM gcr.io/distroless/cc-debian12\n\
+        COPY --from=build /out/a /usr/bin/a\n\
+        COPY --chmod=0755 --from=toolkit /x/y /z/ /usr/bin/\n\
+        COPY LICENSE /\n";
+
+    #[test]
+    fn stages_and_copies() {
+        assert_eq!(
+            stages(TEXT),
+            [
+                Stage {
+                    image: "rust:1.95.0-bookworm".into(),
+                    name: Some("build".into())
+                },
+                Stage {
+                    image: "nvcr.io/nvidia/k8s/container-toolkit:v1.18.1".into(),
+                    name: Some("toolkit".into())
+                },
+                Stage {
+                    image: "gcr.io/distroless/cc-debian12".into(),
+                    name: None
+                },
+            ]
+        );
+        let copies = copies_from(TEXT);
+        assert_eq!(copies.len(), 2);
+        assert_eq!(copies[1].from, "toolkit");
+        assert_eq!(copies[1].sources, ["/x/y", "/z/"]);
+        assert_eq!(copies[1].destination, "/usr/bin/");
+        assert_eq!(
+            image_of(TEXT, "toolkit"),
+            "nvcr.io/nvidia/k8s/container-toolkit:v1.18.1"
+        );
+        assert_eq!(image_of(TEXT, "busybox:1.36.1"), "busybox:1.36.1");
+    }
+
+    #[test]
+    fn pinned_images() {
+        assert!(is_pinned("nvcr.io/nvidia/k8s/container-toolkit:v1.18.1"));
+        assert!(is_pinned("docker.io/library/rust:1.95.0-bookworm"));
+        assert!(is_pinned("registry:5000/img@sha256:abc"));
+        assert!(!is_pinned("nvcr.io/nvidia/k8s/container-toolkit:latest"));
+        assert!(!is_pinned("nvcr.io/nvidia/k8s/container-toolkit:v1.18"));
+        assert!(!is_pinned("registry:5000/img"));
+    }
+}

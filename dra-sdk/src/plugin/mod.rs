@@ -43,7 +43,7 @@ use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::advanced::checkpoint::{Checkpoint, CheckpointError};
+use crate::advanced::checkpoint::{Checkpoint, CheckpointError, ForeignCheckpoint};
 use crate::advanced::metadata::MetadataWriter;
 use crate::cdi::{Kind, SpecWriter};
 use crate::claim::{ClaimReader, DriverError, ReadPolicy, RecordedClaim};
@@ -192,6 +192,7 @@ pub struct PluginBuilder<D: Driver> {
     health_resend_interval: Duration,
     read_policy: ReadPolicy,
     serialize_operations: bool,
+    foreign_checkpoint: Option<Box<dyn ForeignCheckpoint>>,
 }
 
 impl KubeletPlugin {
@@ -230,6 +231,7 @@ impl KubeletPlugin {
             health_resend_interval: Duration::from_secs(10),
             read_policy: ReadPolicy::default(),
             serialize_operations: false,
+            foreign_checkpoint: None,
         }
     }
 
@@ -421,6 +423,15 @@ impl<D: Driver> PluginBuilder<D> {
         self
     }
 
+    /// Takes over the checkpoint of another implementation of this driver found at start
+    /// (`<plugins dir>/<driver>/checkpoint.json` in another format) instead of moving it aside
+    /// as corrupt: see [`ForeignCheckpoint`]. When it refuses, [`start`](Self::start) fails
+    /// with [`PluginError::Checkpoint`] carrying its message, and the file is left as it was.
+    pub fn foreign_checkpoint(mut self, foreign: impl ForeignCheckpoint + 'static) -> Self {
+        self.foreign_checkpoint = Some(Box::new(foreign));
+        self
+    }
+
     /// Retry policy for ResourceClaim reads.
     pub fn claim_read_policy(mut self, policy: ReadPolicy) -> Self {
         self.read_policy = policy;
@@ -475,7 +486,10 @@ impl<D: Driver> PluginBuilder<D> {
             Some(id) => id,
             None => crate::advanced::checkpoint::current_boot_id()?,
         };
-        let (checkpoint, report) = Checkpoint::open(&data_dir, boot_id)?;
+        let (checkpoint, report) = match &self.foreign_checkpoint {
+            Some(foreign) => Checkpoint::open_migrating(&data_dir, boot_id, foreign.as_ref())?,
+            None => Checkpoint::open(&data_dir, boot_id)?,
+        };
         if let Some(moved_to) = report.corrupt_moved_to.clone() {
             driver.on_event(&PluginEvent::CheckpointCorrupt { moved_to });
         }

@@ -30,7 +30,7 @@
 //!
 //! Unprepare reads [`ClaimState`] back (leniently: fields of a newer version are ignored; an
 //! unreadable state is logged and nothing is undone),
-//! returns VFIO devices to their previous driver, undoes sharing (MPS daemons stopped; time
+//! returns VFIO devices to their previous driver (and their persistence mode), undoes sharing (MPS daemons stopped; time
 //! slices and compute modes reset unless another claim still uses the GPU) and releases the
 //! reservations. It tolerates a missing state (a prepare that failed or was interrupted undid
 //! its own work) and a GPU already back on its driver, so it is idempotent.
@@ -61,9 +61,11 @@
 mod claim_sharing;
 mod dynamic_mig;
 mod names;
+pub mod persistenced;
 mod reconcile;
 mod reservations;
 mod undo;
+mod upstream_checkpoint;
 mod vfio;
 
 use std::collections::BTreeMap;
@@ -81,7 +83,8 @@ use serde::{Deserialize, Serialize};
 pub use dynamic_mig::{KeptMigInstance, MigCleanup, MigInstance, OrphanMigInstance};
 pub use names::DeviceName;
 pub use reconcile::{ReconcileReport, UnownedBinding};
-pub use vfio::{NVIDIA, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
+pub use upstream_checkpoint::{UPSTREAM_LABEL, UpstreamCheckpoint, kubelet_checksum};
+pub use vfio::{NVIDIA, NvidiaGpu, PriorPersistence, VFIO_PCI, VfioBinder, VfioBinding, VfioError};
 
 use reservations::{PCI_KEY_PREFIX, Reservations, pci_key};
 use undo::UndoLog;
@@ -113,7 +116,7 @@ pub struct NvidiaDriverBuilder {
     backend: Arc<dyn GpuBackend>,
     host: Arc<dyn Host>,
     driver_root: Option<DriverRoot>,
-    hook: Option<PathBuf>,
+    hook: Option<crate::cdi::CdiHook>,
     gates: FeatureGates,
     driver_name: String,
     vfio_poll: Duration,
@@ -166,10 +169,11 @@ impl NvidiaDriverBuilder {
         self
     }
 
-    /// The `nvidia-cdi-hook` binary on the host (`--nvidia-cdi-hook-path`). Without it, the
-    /// edits carry no hooks (see [`crate::cdi`]).
-    pub fn cdi_hook(mut self, path: impl Into<PathBuf>) -> Self {
-        self.hook = Some(path.into());
+    /// The `nvidia-cdi-hook` binary on the node (`--nvidia-cdi-hook-path`, or the copy the
+    /// plugin installs): a path, or a [`CdiHook`](crate::cdi::CdiHook) that says where its
+    /// existence is checked. Without it, the edits carry no hooks (see [`crate::cdi`]).
+    pub fn cdi_hook(mut self, hook: impl Into<crate::cdi::CdiHook>) -> Self {
+        self.hook = Some(hook.into());
         self
     }
 
@@ -441,7 +445,19 @@ impl Inner {
     }
 
     fn binder(&self) -> VfioBinder<'_> {
+        // nvidia-persistenced's socket on the host, or under the driver root when the daemon
+        // runs in the driver's container (the GPU operator).
+        let driver_root = self.cdi.driver_root().node_path();
+        let mut sockets: Vec<PathBuf> = persistenced::SOCKET_PATHS
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        if driver_root != std::path::Path::new("/") {
+            sockets.insert(0, driver_root.join(persistenced::DRIVER_ROOT_SOCKET));
+        }
         VfioBinder::new(self.host.as_ref(), self.vfio_poll, self.vfio_timeout)
+            .with_backend(self.backend.as_ref())
+            .persistenced_sockets(sockets)
     }
 }
 
@@ -459,8 +475,15 @@ struct Planned {
 #[derive(Debug)]
 enum Target {
     Gpu(GpuInfo),
-    Mig { parent: GpuInfo, mig: MigDeviceInfo },
-    Vfio { bus_id: String, minor: Option<u32> },
+    Mig {
+        parent: GpuInfo,
+        mig: MigDeviceInfo,
+    },
+    Vfio {
+        bus_id: String,
+        /// The GPU while it is on `nvidia`.
+        gpu: Option<NvidiaGpu>,
+    },
     Partition(dynamic_mig::PlannedPartition),
 }
 
@@ -494,6 +517,7 @@ impl Target {
                 iommu_group: 0,
                 vfio_driver: String::new(),
                 previous_driver: None,
+                persistence: None,
             }),
             // The instance IDs are filled in once it is created.
             Target::Partition(plan) => PreparedKind::MigDynamic(MigInstance {
@@ -591,7 +615,10 @@ fn resolve(inner: &Inner, discovery: &Discovery, device: &str) -> Result<Target,
         }
         Some(NodeDevice::Vfio(vfio)) => Ok(Target::Vfio {
             bus_id: vfio.pci_bus_id.clone(),
-            minor: vfio.gpu.as_ref().map(|gpu| gpu.minor),
+            gpu: vfio.gpu.as_ref().map(|gpu| NvidiaGpu {
+                uuid: gpu.uuid.clone(),
+                minor: gpu.minor,
+            }),
         }),
         Some(NodeDevice::Partition(partition)) => Ok(Target::Partition(partition.into())),
         None => Err(device_error(
@@ -770,7 +797,7 @@ fn prepare_devices(
             Target::Gpu(gpu) => {
                 needs_driver = true;
                 let device_edits = cdi
-                    .gpu(gpu.minor)
+                    .gpu(gpu.minor, &gpu.pci.bus_id)
                     .map_err(|error| device_error(&plan.device, error))?;
                 (device_edits, plan.target.provisional_kind())
             }
@@ -788,7 +815,7 @@ fn prepare_devices(
                 log.partition(&plan.device, &instance);
                 (device_edits, PreparedKind::MigDynamic(instance))
             }
-            Target::Vfio { bus_id, minor } => {
+            Target::Vfio { bus_id, gpu } => {
                 let NvidiaConfig::Vfio(config) = &plan.config else {
                     return Err(device_error(
                         &plan.device,
@@ -800,7 +827,7 @@ fn prepare_devices(
                 let released = inner.backend.release_devices();
                 let binding = inner
                     .binder()
-                    .bind(bus_id, *minor)
+                    .bind(bus_id, gpu.as_ref())
                     .map_err(|error| device_error(&plan.device, error))?;
                 drop(released);
                 log.binding(&binding);
@@ -987,6 +1014,14 @@ impl Driver for NvidiaDriver {
 
     fn reports_health(&self) -> bool {
         self.inner.health.is_some()
+    }
+
+    /// With `DeviceMetadata`: the SDK writes a KEP-5304 metadata file per request of every
+    /// claim, holding the attributes the devices are published with, so KubeVirt's
+    /// virt-launcher finds a VFIO device's `resource.kubernetes.io/pciBusID` there (see
+    /// `dra_sdk::advanced::metadata`).
+    fn device_metadata(&self) -> bool {
+        self.inner.gates.is_enabled(FeatureGate::DeviceMetadata)
     }
 
     async fn prepare(&self, claim: &Claim<NvidiaConfig>) -> Result<PreparedClaim, DriverError> {

@@ -36,7 +36,7 @@ use crate::devices::{Discovery, DiscoveryError, DiscoveryOptions};
 use crate::driver::NvidiaDriver;
 use crate::health::{HealthPolicy, XidListError, parse_xids};
 use crate::host::{FakeHostTree, Host, HostError, SystemHost};
-use crate::sharing::mps::MpsDeploymentConfig;
+use crate::sharing::mps::{ImagePullPolicy, MpsDeploymentConfig};
 use crate::sharing::{ConsumableShares, ConsumableSharesError, MpsSettings};
 
 /// `gpu-kubelet-plugin`: the NVIDIA GPU DRA kubelet plugin.
@@ -80,15 +80,25 @@ pub struct NvidiaArgs {
     pub container_driver_root: PathBuf,
 
     /// Where the node's `/` is mounted inside the plugin's container. Needed by
-    /// PassthroughSupport (sysfs driver rebinding, modprobe and fuser run chrooted there);
-    /// it must exist when that gate is on.
+    /// PassthroughSupport (sysfs driver rebinding, and modprobe run chrooted there); it must
+    /// exist when that gate is on.
     #[arg(long, env = "HOST_ROOT", default_value = "/host-root")]
     pub host_root: PathBuf,
 
-    /// Path of `nvidia-cdi-hook` on the node. Without it, CDI specs carry no hooks
-    /// (no ldcache update or symlink creation in the container).
+    /// Path of `nvidia-cdi-hook` on the node, for the hooks of CDI specs (ldcache update,
+    /// symlinks in the container). Without it, the plugin installs the hook its image carries
+    /// (/usr/bin/nvidia-cdi-hook) into its folder under the kubelet plugins directory and uses
+    /// that, as upstream does; with no hook to install (a run outside the image) it warns and
+    /// writes specs without hooks (docs/cdi.md).
     #[arg(long, env = "NVIDIA_CDI_HOOK_PATH")]
     pub nvidia_cdi_hook_path: Option<PathBuf>,
+
+    /// The plugin's folder under the kubelet plugins directory
+    /// (`<--kubelet-plugins-directory-path>/gpu.nvidia.com`), where the bundled
+    /// `nvidia-cdi-hook` is installed. Not a flag: set from the SDK's flags by the binary;
+    /// when unset, `KUBELET_PLUGINS_DIRECTORY_PATH` (else the kubelet's default) is used.
+    #[arg(skip)]
+    pub kubelet_plugin_dir: Option<PathBuf>,
 
     /// Feature gates, `Name=true|false` separated by commas. Known gates: TimeSlicingSettings,
     /// MPSSupport, PassthroughSupport, DynamicMIG, NVMLDeviceHealthCheck, DeviceMetadata,
@@ -106,6 +116,21 @@ pub struct NvidiaArgs {
     /// the plugin, which a restart of its container kills (docs/sharing.md).
     #[arg(long, env = "IMAGE_NAME")]
     pub image_name: Option<String>,
+
+    /// Secrets the MPS control-daemon Deployments pull --image-name with, separated by
+    /// commas (the chart passes its `imagePullSecrets`).
+    #[arg(long, env = "IMAGE_PULL_SECRETS", value_delimiter = ',')]
+    pub image_pull_secrets: Vec<String>,
+
+    /// `imagePullPolicy` of the MPS control-daemon containers (Always, IfNotPresent or
+    /// Never; the cluster's default when unset).
+    #[arg(long, env = "IMAGE_PULL_POLICY", ignore_case = true)]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+
+    /// Service account of the MPS control-daemon pods (the namespace's default when unset;
+    /// the daemon calls no API).
+    #[arg(long, env = "SERVICE_ACCOUNT_NAME")]
+    pub service_account_name: Option<String>,
 
     /// HTTP path of the Prometheus metrics on --http-endpoint (letters, digits and `/-_.`,
     /// starting with `/`, not `/healthz`; anything else is refused at start).
@@ -164,6 +189,13 @@ pub struct NvidiaArgs {
     /// real machine into a --mock-profile file. Read-only.
     #[arg(long)]
     pub print_profile: bool,
+
+    /// Wait until the NVIDIA driver is installed (its libnvidia-ml.so.1 under
+    /// --container-driver-root loads and initialises), then exit 0: the chart's init
+    /// container, which has no probe to fail while the GPU operator installs the driver. The
+    /// plugin itself waits the same way at start (1 s, doubling, at most 30 s apart).
+    #[arg(long, conflicts_with = "print_profile")]
+    pub wait_for_driver: bool,
 }
 
 fn parse_gates(text: &str) -> Result<FeatureGates, String> {
@@ -179,6 +211,18 @@ impl NvidiaArgs {
             .clone()
             .or_else(|| std::env::var_os("HOST_DRIVER_ROOT").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("/"))
+    }
+
+    /// Where the bundled `nvidia-cdi-hook` is installed: [`Self::kubelet_plugin_dir`], else
+    /// `KUBELET_PLUGINS_DIRECTORY_PATH` from the environment (else the kubelet's default)
+    /// joined with the driver name.
+    pub fn kubelet_plugin_dir(&self) -> PathBuf {
+        self.kubelet_plugin_dir.clone().unwrap_or_else(|| {
+            std::env::var_os("KUBELET_PLUGINS_DIRECTORY_PATH")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(dra_sdk::advanced::DEFAULT_PLUGINS_DIR))
+                .join(crate::devices::DRIVER_NAME)
+        })
     }
 }
 
@@ -254,6 +298,9 @@ pub enum SetupError {
     /// Discovery failed.
     #[error(transparent)]
     Discovery(#[from] DiscoveryError),
+    /// The bundled `nvidia-cdi-hook` could not be installed.
+    #[error(transparent)]
+    CdiHook(#[from] crate::cdi::hook::HookInstallError),
 }
 
 /// Everything the plugin runs on, assembled from its flags: the backend, the host, the
@@ -355,8 +402,7 @@ impl NvidiaPlugin {
                 (backend, Arc::new(host), temporary)
             }
             None => {
-                let (backend, manager) = nvml_backend(&args.container_driver_root)?;
-                mig = manager;
+                // Checked first: a flag error is reported at once, not after the driver wait.
                 let host = if passthrough {
                     if !args.host_root.exists() {
                         return Err(SetupError::HostRootMissing {
@@ -367,6 +413,9 @@ impl NvidiaPlugin {
                 } else {
                     SystemHost::new()
                 };
+                let (backend, manager) =
+                    nvml_backend_waiting(&args.container_driver_root, DriverWait::default())?;
+                mig = manager;
                 (backend, Arc::new(host), None)
             }
         };
@@ -390,7 +439,15 @@ impl NvidiaPlugin {
                 ..MpsSettings::default()
             })
             .mig_manager(Arc::clone(&mig));
-        if let Some(hook) = &args.nvidia_cdi_hook_path {
+        let hook = crate::cdi::hook::HookSetup {
+            configured: args.nvidia_cdi_hook_path.clone(),
+            bundled: PathBuf::from(crate::cdi::hook::BUNDLED_HOOK),
+            install_dir: args.kubelet_plugin_dir(),
+            host_root: args.host_root.clone(),
+            mock: args.mock_profile.is_some(),
+        }
+        .resolve()?;
+        if let Some(hook) = hook {
             builder = builder.cdi_hook(hook);
         }
         match (
@@ -400,8 +457,19 @@ impl NvidiaPlugin {
             (Some(image), true) => {
                 tracing::info!(image = %image, namespace = %args.namespace, "MPS control daemons run as Deployments of this image");
                 builder = builder.mps_deployments(MpsDeploymentConfig {
-                    namespace: args.namespace.clone(),
-                    image: image.clone(),
+                    image_pull_policy: args.image_pull_policy,
+                    image_pull_secrets: args
+                        .image_pull_secrets
+                        .iter()
+                        .map(|name| name.trim())
+                        .filter(|name| !name.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                    service_account_name: args
+                        .service_account_name
+                        .clone()
+                        .filter(|name| !name.trim().is_empty()),
+                    ..MpsDeploymentConfig::new(&args.namespace, image)
                 });
             }
             (None, true) => tracing::warn!(
@@ -440,6 +508,26 @@ impl NvidiaPlugin {
     /// What the plugin publishes on `node_name`: one pool named after the node.
     pub fn resources(&self, node_name: &str) -> DriverResources {
         self.discovery.resources(node_name)
+    }
+
+    /// The translation of the upstream driver's checkpoint, for the plugin builder's
+    /// `foreign_checkpoint`: on this plugin's hardware, host and feature gates, with the node's
+    /// boot time (see [`UpstreamCheckpoint`](crate::driver::UpstreamCheckpoint) and
+    /// `docs/migrating-from-upstream.md`).
+    pub fn upstream_checkpoint(&self) -> crate::driver::UpstreamCheckpoint {
+        let booted_at = match dra_sdk::advanced::checkpoint::boot_time() {
+            Ok(booted_at) => Some(booted_at),
+            Err(error) => {
+                tracing::warn!(%error, "the boot time is unknown: an upstream checkpoint without a boot ID is taken as of this boot");
+                None
+            }
+        };
+        crate::driver::UpstreamCheckpoint::new(
+            Arc::clone(&self.backend),
+            Arc::clone(&self.host),
+            self.driver.feature_gates().clone(),
+        )
+        .booted_at(booted_at)
     }
 }
 
@@ -528,6 +616,66 @@ fn nvml_backend(container_driver_root: &Path) -> Result<NvmlBackends, SetupError
 
 /// The NVML backend, as the read-only backend and as the MIG manager.
 type NvmlBackends = (Arc<dyn GpuBackend>, Arc<dyn MigManager>);
+
+/// The back-off between attempts to open the NVIDIA driver at start: `first`, doubling, at
+/// most `cap` apart, for as long as it takes: the GPU operator's driver container can take
+/// minutes to build and load its modules, and a plugin that exits meanwhile only crash-loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverWait {
+    /// The first pause.
+    pub first: Duration,
+    /// The longest pause.
+    pub cap: Duration,
+}
+
+impl Default for DriverWait {
+    /// 1 s, doubling, at most 30 s.
+    fn default() -> Self {
+        Self {
+            first: Duration::from_secs(1),
+            cap: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `--wait-for-driver`: returns once the driver the flags name opens (at once for a mock
+/// profile), waiting with `wait`'s back-off while its NVML library is missing or does not
+/// initialise. Any other error ends the wait.
+pub fn wait_for_driver(args: &NvidiaArgs, wait: DriverWait) -> Result<(), SetupError> {
+    if args.mock_profile.is_some() {
+        return Ok(());
+    }
+    nvml_backend_waiting(&args.container_driver_root, wait).map(drop)
+}
+
+/// [`nvml_backend`], again after each pause of `wait` while the driver is not installed yet
+/// (its library is not there, or NVML does not initialise: modules not loaded, or loaded in
+/// another version than the library's during an upgrade). Each attempt is logged with what
+/// failed, so an operator whose driver root is simply wrong sees why the plugin is not up.
+fn nvml_backend_waiting(
+    container_driver_root: &Path,
+    wait: DriverWait,
+) -> Result<NvmlBackends, SetupError> {
+    let mut pause = wait.first;
+    loop {
+        match nvml_backend(container_driver_root) {
+            Err(SetupError::Backend(
+                error @ (BackendError::LibraryNotFound { .. } | BackendError::Init { .. }),
+            )) => {
+                tracing::warn!(
+                    %error,
+                    container_driver_root = %container_driver_root.display(),
+                    retry_in = ?pause,
+                    "waiting for the NVIDIA driver (check --nvidia-driver-root and the driver's \
+                     installation if this lasts)"
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(wait.cap);
+            }
+            other => return other,
+        }
+    }
+}
 
 #[cfg(not(feature = "nvml"))]
 fn nvml_backend(_container_driver_root: &Path) -> Result<NvmlBackends, SetupError> {
@@ -737,11 +885,37 @@ mod tests {
         let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
         assert_eq!(
             plugin.driver.mps_deployments(),
-            Some(&MpsDeploymentConfig {
-                namespace: "nvidia-dra".into(),
-                image: "registry.example.com/gpu-kubelet-plugin:0.1.0".into(),
-            })
+            Some(&MpsDeploymentConfig::new(
+                "nvidia-dra",
+                "registry.example.com/gpu-kubelet-plugin:0.1.0"
+            ))
         );
+        // Upstream's pull and account flags reach the Deployments; empty ones are unset.
+        let cli = parse(&[
+            "--mock-profile",
+            "workstation",
+            "--feature-gates",
+            "MPSSupport=true",
+            "--image-name",
+            "registry.example.com/gpu-kubelet-plugin:0.1.0",
+            "--image-pull-secrets",
+            "registry-a, registry-b,",
+            "--image-pull-policy",
+            "ifnotpresent",
+            "--service-account-name",
+            "",
+        ])
+        .unwrap();
+        let plugin = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+        let config = plugin.driver.mps_deployments().unwrap();
+        assert_eq!(config.image_pull_secrets, ["registry-a", "registry-b"]);
+        assert_eq!(
+            config.image_pull_policy,
+            Some(ImagePullPolicy::IfNotPresent)
+        );
+        assert_eq!(config.service_account_name, None);
+        let error = parse(&["--image-pull-policy", "Sometimes"]).unwrap_err();
+        assert!(error.to_string().contains("IfNotPresent"), "{error}");
         // Any path is the SDK's to check when the HTTP endpoint starts (tests/plugin.rs).
         let cli = parse(&["--mock-profile", "workstation", "--metrics-path", "/m"]).unwrap();
         assert_eq!(cli.nvidia.metrics_path, "/m");
@@ -760,15 +934,10 @@ mod tests {
             "/no/such/host-root",
         ])
         .unwrap();
+        // Refused before the backend is opened (or waited for).
         let error = NvidiaPlugin::from_args(&cli.nvidia).unwrap_err();
-        #[cfg(not(feature = "nvml"))]
-        assert!(matches!(error, SetupError::NvmlNotBuilt), "{error}");
-        #[cfg(feature = "nvml")]
         assert!(
-            matches!(
-                error,
-                SetupError::HostRootMissing { .. } | SetupError::Backend(_)
-            ),
+            matches!(error, SetupError::HostRootMissing { .. }),
             "{error}"
         );
     }

@@ -18,7 +18,7 @@ use dra_driver_nvidia::plugin::Cli;
 use dra_sdk_testing::assert_contains;
 // The image the chart deploys is checked here too: one test binary less to link.
 use dra_sdk_testing::deliverables::{chart as shared, dockerfile};
-use serde_json::Value;
+use serde_json::{Value, json};
 use shared::{
     OpenApi, assert_plugin_rules, describe, env_map, find_kind as find, helm_or_skip, render_chart,
     validate_all,
@@ -29,11 +29,13 @@ const RELEASE: &str = "nvidia-dra";
 /// What the chart refuses its bare defaults with, as upstream does.
 const OVERRIDE_NEEDED: &str = "resources.gpus.enabled=true needs gpuResourcesEnabledOverride=true";
 /// Variables the DaemonSet sets that are not the plugin's flags: its log filter, and the NVIDIA
-/// container runtime's (where it is the node's default runtime).
-const NOT_FLAGS: [&str; 3] = [
+/// container runtime's (where it is the node's default runtime; the last one is the extra
+/// `kubeletPlugin.containers.gpus.env` of `ci/all-options-values.yaml`).
+const NOT_FLAGS: [&str; 4] = [
     "RUST_LOG",
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
 ];
 
 fn chart_dir() -> PathBuf {
@@ -61,6 +63,24 @@ fn rendered(helm: &Path, file: &str) -> Vec<Value> {
 
 fn container(documents: &[Value]) -> &Value {
     &find(documents, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn pod_spec(documents: &[Value]) -> &Value {
+    &find(documents, "DaemonSet")["spec"]["template"]["spec"]
+}
+
+fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|items| items.iter().find(|item| item["name"] == name))
+        .unwrap_or_else(|| panic!("no {name:?} in {list}"))
+}
+
+fn mount<'a>(container: &'a Value, name: &str) -> &'a Value {
+    named(&container["volumeMounts"], name)
+}
+
+fn volume<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    named(&pod["volumes"], name)
 }
 
 #[test]
@@ -175,7 +195,7 @@ fn the_defaults_render_what_the_readme_lists() {
             ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
             ("plugins", "/var/lib/kubelet/plugins"),
             ("cdi", "/var/run/cdi"),
-            ("driver-root", "/"),
+            ("driver-root-parent", "/"),
         ]
         .into()
     );
@@ -185,9 +205,24 @@ fn the_defaults_render_what_the_readme_lists() {
         .iter()
         .filter_map(|m| Some((m["name"].as_str()?, m["mountPath"].as_str()?)))
         .collect();
+    // `/` is its own parent: the root in the container is the mount itself.
     assert_eq!(
         env["DRIVER_ROOT_CTR_PATH"]["value"].as_str(),
-        Some(mounts["driver-root"])
+        Some(mounts["driver-root-parent"])
+    );
+    assert_eq!(
+        mount(container, "driver-root-parent")["mountPropagation"],
+        "HostToContainer"
+    );
+    assert_eq!(
+        volume(pod, "driver-root-parent")["hostPath"]["type"],
+        "Directory"
+    );
+    // Without MPSSupport the plugins directory does not propagate.
+    assert!(
+        mount(container, "plugins")
+            .get("mountPropagation")
+            .is_none()
     );
     assert_eq!(
         env["CDI_ROOT"]["value"].as_str(),
@@ -244,6 +279,12 @@ fn mps_gets_a_role_for_its_daemon_deployments_in_the_release_namespace_only() {
     );
     let gates = env["FEATURE_GATES"]["value"].as_str().unwrap();
     assert_contains(gates, "MPSSupport=true");
+    // The daemons' shm tmpfs, mounted under the plugins directory, must reach the host.
+    assert_eq!(
+        mount(container(&all), "plugins")["mountPropagation"],
+        "Bidirectional"
+    );
+    assert_eq!(container(&all)["securityContext"]["privileged"], true);
 }
 
 #[test]
@@ -331,14 +372,20 @@ fn mock_mode_and_upstream_values_render_as_documented() {
         "MPSSupport=false,TimeSlicingSettings=true"
     );
     assert_eq!(env["RUST_LOG"]["value"], "debug", "logVerbosity 6");
-    let pod = &find(&guide, "DaemonSet")["spec"]["template"]["spec"];
-    let driver_root = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "driver-root")
-        .unwrap();
-    assert_eq!(driver_root["hostPath"]["path"], "/run/nvidia/driver");
+    // The GPU operator's driver root: its parent is mounted, as upstream, and created if the
+    // driver container has not made it yet.
+    let pod = pod_spec(&guide);
+    let parent = volume(pod, "driver-root-parent");
+    assert_eq!(parent["hostPath"]["path"], "/run/nvidia");
+    assert_eq!(parent["hostPath"]["type"], "DirectoryOrCreate");
+    assert_eq!(
+        mount(container(&guide), "driver-root-parent")["mountPath"],
+        "/driver-root-parent"
+    );
+    assert_eq!(
+        env["DRIVER_ROOT_CTR_PATH"]["value"],
+        "/driver-root-parent/driver"
+    );
     assert_eq!(
         container(&guide)["resources"]["requests"]["cpu"],
         "50m",
@@ -447,7 +494,27 @@ fn all_options_sets_every_value_and_the_readme_documents_each() {
 fn unsupported_and_bad_values_fail_with_a_clear_message() {
     let Some(helm) = helm_or_skip() else { return };
     let ok = ["--set", "gpuResourcesEnabledOverride=true"];
-    let cases: [(&str, &[&str], &str); 11] = [
+    let cases: [(&str, &[&str], &str); 14] = [
+        (
+            "MPS without a privileged container",
+            &[
+                "--set",
+                "featureGates.MPSSupport=true",
+                "--set",
+                "kubeletPlugin.containers.gpus.securityContext.privileged=false",
+            ],
+            "featureGates.MPSSupport needs kubeletPlugin.containers.gpus.securityContext.privileged=true",
+        ),
+        (
+            "metrics endpoint without a port",
+            &["--set", "kubeletPlugin.metrics.gpuHttpEndpoint=localhost"],
+            "gpuHttpEndpoint",
+        ),
+        (
+            "unknown resource API version",
+            &["--set", "resourceApiVersion=resource.k8s.io/v2"],
+            "resourceApiVersion",
+        ),
         (
             "compute domains",
             &["--set", "resources.computeDomains.enabled=true"],
@@ -532,6 +599,342 @@ fn unsupported_and_bad_values_fail_with_a_clear_message() {
     assert_contains(&error, "default namespace is refused");
 }
 
+// ---- upstream's values -------------------------------------------------------------------
+
+/// Every value key of the upstream chart (kubernetes-sigs/dra-driver-nvidia-gpu
+/// `deployments/helm/dra-driver-nvidia-gpu/values.yaml` at HEAD; `maskNvidiaDriverParams` and
+/// `gpuDriverConfig` which only its templates read; `kubeletPlugin.containers.gpus.additionalXidsToIgnore`
+/// and `webhook.tls.secret.namespace` of the NVIDIA-hosted releases' values), as paths:
+/// `ci/upstream-all-keys-values.yaml` must set each.
+const UPSTREAM_KEYS: &[&str] = &[
+    "nvidiaDriverRoot",
+    "nvidiaCDIHookPath",
+    "altProcDevices",
+    "maskNvidiaDriverParams",
+    "gpuDriverConfig.default",
+    "nameOverride",
+    "fullnameOverride",
+    "namespaceOverride",
+    "selectorLabelsOverride",
+    "gpuResourcesEnabledOverride",
+    "consumableShares",
+    "allowDefaultNamespace",
+    "resourceApiVersion",
+    "imagePullSecrets",
+    "image.repository",
+    "image.pullPolicy",
+    "image.tag",
+    "serviceAccount.create",
+    "serviceAccount.annotations",
+    "serviceAccount.name",
+    "resources.gpus.enabled",
+    "resources.computeDomains.enabled",
+    "resources.computeDomains.imex.mode",
+    "resources.computeDomains.imex.isolation",
+    "resources.computeDomains.imex.hostSocketPath",
+    "featureGates",
+    "logVerbosity",
+    "webhook.enabled",
+    "webhook.replicas",
+    "webhook.servicePort",
+    "webhook.containerPort",
+    "webhook.priorityClassName",
+    "webhook.strategy",
+    "webhook.podAnnotations",
+    "webhook.podSecurityContext",
+    "webhook.nodeSelector",
+    "webhook.tolerations",
+    "webhook.affinity",
+    "webhook.containers.webhook.securityContext",
+    "webhook.containers.webhook.resources",
+    "webhook.serviceAccount.create",
+    "webhook.serviceAccount.name",
+    "webhook.failurePolicy",
+    "webhook.tls.mode",
+    "webhook.tls.certManager.issuerType",
+    "webhook.tls.certManager.issuerName",
+    "webhook.tls.certManager.dnsNames",
+    "webhook.tls.secret.name",
+    "webhook.tls.secret.namespace",
+    "webhook.tls.secret.caBundle",
+    "controller.replicas",
+    "controller.leaderElection",
+    "controller.metrics",
+    "controller.priorityClassName",
+    "controller.podAnnotations",
+    "controller.podSecurityContext",
+    "controller.nodeSelector",
+    "controller.tolerations",
+    "controller.containers.computeDomain",
+    "controller.affinity",
+    "controller.networkPolicy.enabled",
+    "kubeletPlugin.metrics.enabled",
+    "kubeletPlugin.metrics.gpuHttpEndpoint",
+    "kubeletPlugin.metrics.computeDomainHttpEndpoint",
+    "kubeletPlugin.metrics.metricsPath",
+    "kubeletPlugin.priorityClassName",
+    "kubeletPlugin.updateStrategy",
+    "kubeletPlugin.podAnnotations",
+    "kubeletPlugin.podSecurityContext",
+    "kubeletPlugin.nodeSelector",
+    "kubeletPlugin.tolerations",
+    "kubeletPlugin.kubeletRegistrarDirectoryPath",
+    "kubeletPlugin.kubeletPluginsDirectoryPath",
+    "kubeletPlugin.containers.init.securityContext",
+    "kubeletPlugin.containers.init.resources",
+    "kubeletPlugin.containers.computeDomains.env",
+    "kubeletPlugin.containers.computeDomains.securityContext",
+    "kubeletPlugin.containers.computeDomains.resources",
+    "kubeletPlugin.containers.computeDomains.healthcheckPort",
+    "kubeletPlugin.containers.computeDomains.gpuCliqueLabelEnabled",
+    "kubeletPlugin.containers.gpus.env",
+    "kubeletPlugin.containers.gpus.securityContext",
+    "kubeletPlugin.containers.gpus.resources",
+    "kubeletPlugin.containers.gpus.healthcheckPort",
+    "kubeletPlugin.containers.gpus.additionalXidsToIgnore",
+    "kubeletPlugin.affinity",
+    "kubeletPlugin.networkPolicy.enabled",
+];
+
+const UPSTREAM_FILE: &str = "upstream-all-keys-values.yaml";
+
+fn upstream_file_args() -> Vec<String> {
+    vec![
+        "-f".to_owned(),
+        chart_dir()
+            .join("ci")
+            .join(UPSTREAM_FILE)
+            .display()
+            .to_string(),
+    ]
+}
+
+/// The `WARNING:` lines of the install notes with `args`.
+fn warnings(helm: &Path, args: &[&str]) -> Vec<String> {
+    let notes = shared::render_notes(helm, &chart_dir(), RELEASE, NAMESPACE, args)
+        .unwrap_or_else(|error| panic!("helm install --dry-run=client {args:?}:\n{error}"));
+    notes
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("WARNING: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_upstream_values_file_sets_every_upstream_key() {
+    let file = shared::yaml(&chart_dir().join("ci").join(UPSTREAM_FILE));
+    let mut set = std::collections::BTreeSet::new();
+    shared::leaves(&file, "", &mut set);
+    for key in UPSTREAM_KEYS {
+        assert!(
+            set.iter()
+                .any(|leaf| leaf == key || leaf.starts_with(&format!("{key}."))),
+            "{UPSTREAM_FILE} does not set upstream's {key}"
+        );
+    }
+}
+
+#[test]
+fn every_upstream_key_renders_and_is_honoured_or_warned_about() {
+    let Some(helm) = helm_or_skip() else { return };
+    let base = upstream_file_args();
+    let base: Vec<&str> = base.iter().map(String::as_str).collect();
+    let documents = render(&helm, &base).unwrap();
+    let env = env_map(container(&documents));
+    // Honoured at upstream's defaults: the old gate name, the empty consumable shares, the
+    // metrics endpoint; the logging gate is left out.
+    assert_eq!(env["FEATURE_GATES"]["value"], "NVMLDeviceHealthCheck=false");
+    assert_eq!(env["CONSUMABLE_SHARES"]["value"], "disabled");
+    assert_eq!(env["HTTP_ENDPOINT"]["value"], ":8080");
+    assert_eq!(env["METRICS_PATH"]["value"], "/metrics");
+    assert_eq!(env["HEALTHCHECK_PORT"]["value"], "51516");
+    // Upstream's init container settings go to the container that waits for the driver.
+    let init = &pod_spec(&documents)["initContainers"][0];
+    let upstream = shared::yaml(&chart_dir().join("ci").join(UPSTREAM_FILE));
+    for key in ["resources", "securityContext"] {
+        let value = &upstream["kubeletPlugin"]["containers"]["init"][key];
+        if !value.is_null() && value != &json!({}) {
+            assert_eq!(&init[key], value, "{key}");
+        }
+    }
+    assert_eq!(
+        find(&documents, "DaemonSet")["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        "100%"
+    );
+    // What has no effect is said so, each once.
+    let warned = warnings(&helm, &base);
+    let keys: Vec<&str> = warned
+        .iter()
+        .filter_map(|line| line.split_once(": ").map(|(key, _)| key))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "altProcDevices",
+            "maskNvidiaDriverParams",
+            "gpuDriverConfig",
+            "resources.computeDomains.imex",
+            "controller",
+            "webhook",
+            "kubeletPlugin.containers.computeDomains",
+            "kubeletPlugin.metrics.computeDomainHttpEndpoint",
+            "featureGates.ContextualLogging",
+        ],
+        "{warned:#?}"
+    );
+    for line in &warned {
+        assert!(line.len() > 40, "a warning says why: {line}");
+    }
+    // The chart's own values files warn only about the upstream values they set.
+    assert!(warnings(&helm, &["--set", "gpuResourcesEnabledOverride=true"]).is_empty());
+    let guide = chart_dir().join("ci/upstream-guide-values.yaml");
+    let guide = ["-f", guide.to_str().unwrap()];
+    assert_eq!(
+        warnings(&helm, &guide)
+            .iter()
+            .map(|line| line.split_once(':').unwrap().0)
+            .collect::<Vec<_>>(),
+        ["controller", "kubeletPlugin.containers.computeDomains"]
+    );
+}
+
+#[test]
+fn upstream_values_this_chart_has_are_honoured() {
+    let Some(helm) = helm_or_skip() else { return };
+    let base = upstream_file_args();
+    let with = |extra: &[&str]| {
+        let args: Vec<&str> = base
+            .iter()
+            .map(String::as_str)
+            .chain(extra.iter().copied())
+            .collect();
+        render(&helm, &args).unwrap_or_else(|error| panic!("{extra:?}: {error}"))
+    };
+    let openapi = OpenApi::load();
+
+    // namespaceOverride moves every namespaced object; selectorLabelsOverride selects the pods.
+    let moved = with(&[
+        "--set",
+        "namespaceOverride=gpu-system",
+        "--set-json",
+        r#"selectorLabelsOverride={"app":"gpu-plugin"}"#,
+        "--set",
+        "kubeletPlugin.networkPolicy.enabled=true",
+        "--set-json",
+        r#"kubeletPlugin.podSecurityContext={"runAsNonRoot":false}"#,
+        "--set-json",
+        r#"kubeletPlugin.containers.gpus.env=[{"name":"EXTRA","value":"1"}]"#,
+    ]);
+    for document in &moved {
+        if document["metadata"].get("namespace").is_some() {
+            assert_eq!(
+                document["metadata"]["namespace"],
+                "gpu-system",
+                "{}",
+                describe(document)
+            );
+        }
+    }
+    let binding = find(&moved, "ClusterRoleBinding");
+    assert_eq!(binding["subjects"][0]["namespace"], "gpu-system");
+    assert_contains(
+        find(&moved, "ValidatingAdmissionPolicy").to_string(),
+        "system:serviceaccount:gpu-system:",
+    );
+    let daemonset = find(&moved, "DaemonSet");
+    assert_eq!(
+        daemonset["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"app": "gpu-plugin"})
+    );
+    assert_eq!(
+        daemonset["spec"]["template"]["metadata"]["labels"]["app"],
+        "gpu-plugin"
+    );
+    assert_eq!(pod_spec(&moved)["securityContext"]["runAsNonRoot"], false);
+    assert_eq!(env_map(container(&moved))["EXTRA"]["value"], "1");
+    let policy = find(&moved, "NetworkPolicy");
+    assert!(
+        shared::decode(policy).is_empty(),
+        "{:?}",
+        shared::decode(policy)
+    );
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app"],
+        "gpu-plugin"
+    );
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+    assert_eq!(policy["spec"]["egress"][0]["ports"][1]["port"], 6443);
+
+    // resourceApiVersion: the DeviceClasses in that version, valid for it, without the
+    // v1-only extendedResourceName.
+    let beta = with(&["--set", "resourceApiVersion=resource.k8s.io/v1beta2"]);
+    let classes: Vec<&Value> = beta.iter().filter(|d| d["kind"] == "DeviceClass").collect();
+    assert_eq!(classes.len(), 3);
+    for class in classes {
+        assert_eq!(class["apiVersion"], "resource.k8s.io/v1beta2");
+        assert!(class["spec"].get("extendedResourceName").is_none());
+        assert!(
+            openapi.check(class).is_empty(),
+            "{:?}",
+            openapi.check(class)
+        );
+    }
+
+    // The metrics endpoint: upstream's [host]:port sets the port everywhere; off turns off
+    // the endpoint, its port and the Service.
+    let endpoint = with(&[
+        "--set",
+        "kubeletPlugin.metrics.gpuHttpEndpoint=0.0.0.0:9400",
+    ]);
+    assert_eq!(
+        env_map(container(&endpoint))["HTTP_ENDPOINT"]["value"],
+        "0.0.0.0:9400"
+    );
+    assert_eq!(
+        named(&container(&endpoint)["ports"], "metrics")["containerPort"],
+        9400
+    );
+    assert_eq!(find(&endpoint, "Service")["spec"]["ports"][0]["port"], 9400);
+    let off = with(&["--set", "kubeletPlugin.metrics.enabled=false"]);
+    let env = env_map(container(&off));
+    assert!(!env.contains_key("HTTP_ENDPOINT") && !env.contains_key("METRICS_PATH"));
+    assert!(off.iter().all(|d| d["kind"] != "Service"));
+    assert!(
+        container(&off)["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|port| port["name"] != "metrics")
+    );
+
+    // A negative health port turns the service and its probes off, as upstream.
+    let no_health = with(&["--set", "kubeletPlugin.containers.gpus.healthcheckPort=-1"]);
+    let plugin = container(&no_health);
+    assert!(!env_map(plugin).contains_key("HEALTHCHECK_PORT"));
+    assert!(plugin.get("livenessProbe").is_none() && plugin.get("startupProbe").is_none());
+
+    // The older health gate and XID list, as the NVIDIA-hosted releases set them.
+    let health = with(&[
+        "--set",
+        "featureGates.DeviceHealthCheck=true",
+        "--set",
+        r"kubeletPlugin.containers.gpus.additionalXidsToIgnore=48\, 79",
+    ]);
+    let env = env_map(container(&health));
+    assert_eq!(env["FEATURE_GATES"]["value"], "NVMLDeviceHealthCheck=true");
+    assert_eq!(env["ADDITIONAL_XIDS_TO_IGNORE"]["value"], "48,79");
+    for (name, documents) in [("moved", &moved), ("health", &health)] {
+        let problems = validate_all(&openapi, name, documents);
+        // The OpenAPI documents of this repository have no networking.k8s.io group; the
+        // NetworkPolicy was decoded above instead.
+        let problems: Vec<&String> = problems
+            .iter()
+            .filter(|problem| !problem.contains("NetworkPolicy"))
+            .collect();
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+}
+
 const DOCKERFILE: &str = "drivers/nvidia/Dockerfile";
 
 #[test]
@@ -555,4 +958,87 @@ fn the_image_builds_the_plugin_with_nvml_and_copies_it() {
     let ci = std::fs::read_to_string(workspace.join(".ci/run")).unwrap();
     let check = format!("cargo check {}", args.join(" ")).replace(" --profile dist", "");
     assert!(ci.contains(&check), ".ci/run lacks `{check}`");
+}
+
+#[test]
+fn an_init_container_waits_for_the_driver_except_in_mock_mode() {
+    let Some(helm) = helm_or_skip() else { return };
+    for (name, args) in values_files() {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let documents = render(&helm, &args).unwrap();
+        let pod = pod_spec(&documents);
+        let main = container(&documents);
+        if env_map(main).contains_key("MOCK_PROFILE") {
+            assert!(pod["initContainers"].is_null(), "{name}: {pod}");
+            continue;
+        }
+        let init = &pod["initContainers"][0];
+        assert_eq!(init["image"], main["image"], "{name}");
+        assert_eq!(
+            init["command"],
+            json!(["gpu-kubelet-plugin", "--wait-for-driver"]),
+            "{name}"
+        );
+        // It looks where the plugin will: the same driver root, below the same mount.
+        let env = env_map(init);
+        assert_eq!(
+            env["DRIVER_ROOT_CTR_PATH"],
+            env_map(main)["DRIVER_ROOT_CTR_PATH"],
+            "{name}"
+        );
+        assert_eq!(
+            mount(init, "driver-root-parent"),
+            mount(main, "driver-root-parent"),
+            "{name}"
+        );
+        let mut command_line = vec![
+            "gpu-kubelet-plugin".to_owned(),
+            "--wait-for-driver".to_owned(),
+        ];
+        let flags = flags_by_env();
+        for (variable, entry) in env {
+            if NOT_FLAGS.contains(&variable.as_str()) {
+                continue;
+            }
+            let value = entry["value"].as_str().unwrap_or("node-1");
+            command_line.push(format!("{}={value}", flags[&variable]));
+        }
+        let cli = Cli::try_parse_from(&command_line)
+            .unwrap_or_else(|error| panic!("{name}: {command_line:?}: {error}"));
+        assert!(cli.nvidia.wait_for_driver);
+    }
+    // Upstream's `kubeletPlugin.containers.init` settings are this container's.
+    let defaults = chart_dir().join("ci/defaults-values.yaml");
+    let documents = render(
+        &helm,
+        &[
+            "-f",
+            defaults.to_str().unwrap(),
+            "--set",
+            "kubeletPlugin.containers.init.resources.requests.memory=32Mi",
+            "--set",
+            "kubeletPlugin.containers.init.securityContext.readOnlyRootFilesystem=true",
+        ],
+    )
+    .unwrap();
+    let init = &pod_spec(&documents)["initContainers"][0];
+    assert_eq!(init["resources"]["requests"]["memory"], "32Mi");
+    assert_eq!(init["securityContext"]["readOnlyRootFilesystem"], true);
+}
+
+#[test]
+fn mps_daemons_pull_and_run_as_the_plugin_does() {
+    let Some(helm) = helm_or_skip() else { return };
+    let all = rendered(&helm, "all-options-values.yaml");
+    let env = env_map(container(&all));
+    assert_eq!(env["IMAGE_PULL_POLICY"]["value"], "Always");
+    assert_eq!(env["IMAGE_PULL_SECRETS"]["value"], "registry-credentials");
+    assert_eq!(
+        env["SERVICE_ACCOUNT_NAME"]["value"],
+        pod_spec(&all)["serviceAccountName"]
+    );
+    let defaults = rendered(&helm, "defaults-values.yaml");
+    let env = env_map(container(&defaults));
+    assert!(!env.contains_key("IMAGE_PULL_SECRETS"));
+    assert_eq!(env["IMAGE_PULL_POLICY"]["value"], "IfNotPresent");
 }

@@ -931,10 +931,7 @@ async fn an_mps_daemon_deployment_runs_on_its_node_and_is_deleted_in_the_foregro
         client.clone(),
         tokio::runtime::Handle::current(),
         H100_NODE,
-        MpsDeploymentConfig {
-            namespace: namespace.clone(),
-            image: "registry.example.com/gpu-kubelet-plugin:e2e".into(),
-        },
+        MpsDeploymentConfig::new(&namespace, "registry.example.com/gpu-kubelet-plugin:e2e"),
     );
     // The runner blocks (the driver calls it from blocking threads).
     let deployment = {

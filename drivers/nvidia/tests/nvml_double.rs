@@ -154,10 +154,26 @@ fn gpu_device_nodes_are_let_go_at_shutdown_and_while_released() {
         .flatten()
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == node));
     assert!(held, "the library holds {} open", node.display());
+    // And what the driver's scan of the host's /proc sees: the root's /proc shows the hold,
+    // as the kernel's does, under this process's PID and name.
+    let host = dra_driver_nvidia::host::RootedHost::new(dir.path());
+    let holders = |node: &str| {
+        dra_driver_nvidia::host::facts::node_holders(&host, std::path::Path::new(node)).unwrap()
+    };
+    let own_name = std::fs::read_to_string("/proc/self/comm").unwrap();
+    assert_eq!(
+        holders("/dev/nvidia0"),
+        [dra_driver_nvidia::host::facts::NodeHolder {
+            pid: std::process::id(),
+            name: own_name.trim().to_owned(),
+        }]
+    );
+    assert_eq!(holders("/dev/nvidia7").len(), 1);
     // Released (a GPU is about to go to vfio-pci): NVML shuts down between calls.
     let released = backend.release_devices();
     assert_eq!(double.open_node_count().unwrap(), 0);
     assert_eq!(double.init_count().unwrap(), 0);
+    assert!(holders("/dev/nvidia0").is_empty(), "gone from /proc too");
     backend.inventory().unwrap();
     assert_eq!(
         double.open_node_count().unwrap(),
@@ -174,6 +190,39 @@ fn gpu_device_nodes_are_let_go_at_shutdown_and_while_released() {
         0,
         "nvmlShutdown closes them"
     );
+}
+
+/// Persistence mode, the driver's own (legacy) setting: read and set through NVML, set outside
+/// NVML by an operator, refused without root.
+#[test]
+fn persistence_mode_is_read_and_set_through_nvml() {
+    let (double, backend) = over_double("dgx-a100");
+    let all = uuids(&backend);
+    let gpu = all[2].as_str();
+    assert_eq!(backend.persistence_mode(gpu).unwrap(), Some(false));
+    double.set_persistence(gpu, true).unwrap();
+    assert_eq!(backend.persistence_mode(gpu).unwrap(), Some(true));
+    assert_eq!(backend.persistence_mode(&all[3]).unwrap(), Some(false));
+    backend.set_persistence_mode(gpu, false).unwrap();
+    assert_eq!(backend.persistence_mode(gpu).unwrap(), Some(false));
+    backend.set_persistence_mode(gpu, true).unwrap();
+    assert_eq!(backend.persistence_mode(gpu).unwrap(), Some(true));
+
+    double.refuse_persistence(gpu).unwrap();
+    let error = backend.set_persistence_mode(gpu, false).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "turning persistence mode off of {gpu}: the current user does not have permission to \
+             perform this operation"
+        )
+    );
+    assert_eq!(backend.persistence_mode(gpu).unwrap(), Some(true));
+    // A GPU NVML does not know.
+    assert!(matches!(
+        backend.set_persistence_mode("GPU-00000000-0000-0000-0000-000000000000", true),
+        Err(dra_driver_nvidia::backend::BackendError::NoSuchGpu { .. })
+    ));
 }
 
 #[test]

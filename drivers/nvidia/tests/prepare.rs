@@ -9,7 +9,8 @@ mod sharing;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use dra_driver_nvidia::driver::{DRIVER_NAME, NvidiaDriver, VfioBinder, VfioBinding};
+use dra_driver_nvidia::backend::GpuInfo;
+use dra_driver_nvidia::driver::{DRIVER_NAME, NvidiaDriver, NvidiaGpu, VfioBinder, VfioBinding};
 use dra_driver_nvidia::host::{CommandOutput, HostCommand, HostEvent, RootedHost};
 use dra_sdk::advanced::cdi::Spec;
 use dra_sdk::claim::ClaimRef;
@@ -28,8 +29,12 @@ fn write(path: &str, contents: &str) -> HostEvent {
     HostEvent::write(path, contents)
 }
 
-fn fuser(minor: u32) -> HostEvent {
-    HostEvent::Command(HostCommand::new("fuser", [format!("/dev/nvidia{minor}")]).chrooted())
+/// The GPU behind a VFIO device, as prepare hands it to the binder.
+fn on_nvidia(gpu: &GpuInfo) -> NvidiaGpu {
+    NvidiaGpu {
+        uuid: gpu.uuid.clone(),
+        minor: gpu.minor,
+    }
 }
 
 fn binder(host: &RootedHost) -> VfioBinder<'_> {
@@ -41,17 +46,8 @@ fn vfio_bind_and_restore_write_exactly_what_the_kernel_needs() {
     let f = Fixture::new("workstation");
     let gpu = &f.inventory.gpus[0].info;
     let bdf = gpu.pci.bus_id.as_str();
-    let minor = gpu.minor;
-    // fuser: busy once, then idle (exit 1: no process holds the node).
-    f.host.script(
-        "fuser",
-        [
-            CommandOutput::ok(format!("/dev/nvidia{minor}: 4242")),
-            CommandOutput::failed(1, ""),
-        ],
-    );
-
-    let binding = binder(&f.host).bind(bdf, Some(minor)).unwrap();
+    // No process holds /dev/nvidia<minor> in the fake /proc: the GPU is idle.
+    let binding = binder(&f.host).bind(bdf, Some(&on_nvidia(gpu))).unwrap();
     assert_eq!(
         binding,
         VfioBinding {
@@ -59,14 +55,13 @@ fn vfio_bind_and_restore_write_exactly_what_the_kernel_needs() {
             iommu_group: 20,
             vfio_driver: "vfio-pci".into(),
             previous_driver: Some("nvidia".into()),
+            persistence: None,
         }
     );
     let device = format!("/sys/bus/pci/devices/{bdf}");
     assert_eq!(
         f.host.events(),
         [
-            fuser(minor),
-            fuser(minor),
             write(&format!("{device}/driver_override"), "\n"),
             write("/sys/bus/pci/drivers/nvidia/unbind", bdf),
             write(&format!("{device}/driver_override"), "vfio-pci"),
@@ -97,27 +92,24 @@ fn vfio_bind_and_restore_write_exactly_what_the_kernel_needs() {
 fn a_busy_gpu_is_not_touched() {
     let f = Fixture::new("workstation");
     let gpu = &f.inventory.gpus[0].info;
-    f.host
-        .script("fuser", [CommandOutput::ok("/dev/nvidia0: 4242")]);
+    f.holder(4242, "python3", &format!("/dev/nvidia{}", gpu.minor));
     let error = binder(&f.host)
-        .bind(&gpu.pci.bus_id, Some(gpu.minor))
+        .bind(&gpu.pci.bus_id, Some(&on_nvidia(gpu)))
         .unwrap_err()
         .to_string();
     assert!(
-        error.starts_with(&format!(
-            "{} is still in use (processes hold /dev/nvidia{}) after",
-            gpu.pci.bus_id, gpu.minor
-        )),
+        error.starts_with(&format!("{} is still in use after", gpu.pci.bus_id)),
         "{error}"
     );
-    assert!(
-        f.host
-            .events()
-            .iter()
-            .all(|event| matches!(event, HostEvent::Command(_))),
-        "{:?}",
-        f.host.events()
+    assert_contains(
+        &error,
+        format!(
+            "/dev/nvidia{} is held by PID 4242 (python3); stop them and retry",
+            gpu.minor
+        ),
     );
+    // Nothing written, nothing run.
+    assert_eq!(f.host.events(), []);
     assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("nvidia"));
 }
 
@@ -129,10 +121,11 @@ fn a_failed_bind_is_rolled_back_to_nvidia() {
     // vfio-pci is not registered: modprobe "succeeds" but the driver never shows up, so the
     // bind write fails with ENODEV after the GPU was unbound from nvidia.
     std::fs::remove_dir_all(f.host_path("/sys/bus/pci/drivers/vfio-pci")).unwrap();
-    f.host.script("fuser", [CommandOutput::failed(1, "")]);
     f.host.script("modprobe", [CommandOutput::ok("")]);
 
-    let error = binder(&f.host).bind(bdf, Some(gpu.minor)).unwrap_err();
+    let error = binder(&f.host)
+        .bind(bdf, Some(&on_nvidia(gpu)))
+        .unwrap_err();
     assert_eq!(
         error.to_string(),
         format!(
@@ -144,7 +137,6 @@ fn a_failed_bind_is_rolled_back_to_nvidia() {
         f.host.events(),
         [
             HostEvent::Command(HostCommand::new("modprobe", ["vfio_pci"]).chrooted()),
-            fuser(gpu.minor),
             write(&format!("{device}/driver_override"), "\n"),
             write("/sys/bus/pci/drivers/nvidia/unbind", bdf),
             write(&format!("{device}/driver_override"), "vfio-pci"),
@@ -171,7 +163,7 @@ fn modprobe_failures_are_reported_before_any_write() {
     );
     assert_eq!(
         binder(&f.host)
-            .bind(&gpu.pci.bus_id, Some(gpu.minor))
+            .bind(&gpu.pci.bus_id, Some(&on_nvidia(gpu)))
             .unwrap_err()
             .to_string(),
         "loading kernel module vfio_pci failed: modprobe: FATAL: Module vfio_pci not found."
@@ -206,8 +198,7 @@ fn the_best_vfio_variant_comes_from_modules_alias() {
         std::fs::write(resolved, contents).unwrap();
     }
     std::fs::create_dir_all(f.host_path("/sys/bus/pci/drivers/nvgrace-gpu-vfio-pci")).unwrap();
-    f.host.script("fuser", [CommandOutput::failed(1, "")]);
-    let binding = binder(&f.host).bind(bdf, Some(gpu.minor)).unwrap();
+    let binding = binder(&f.host).bind(bdf, Some(&on_nvidia(gpu))).unwrap();
     assert_eq!(binding.vfio_driver, "nvgrace-gpu-vfio-pci");
     assert_eq!(f.bound_driver(bdf).as_deref(), Some("nvgrace-gpu-vfio-pci"));
 }
@@ -216,7 +207,6 @@ fn the_best_vfio_variant_comes_from_modules_alias() {
 fn a_gpu_already_on_vfio_is_used_and_left_there() {
     let f = Fixture::new("workstation");
     let bdf = f.inventory.gpus[0].info.pci.bus_id.clone();
-    f.host.script("fuser", [CommandOutput::failed(1, "")]);
     let first = binder(&f.host).bind(&bdf, None).unwrap();
     f.host.clear_events();
     let second = binder(&f.host).bind(&bdf, None).unwrap();
@@ -643,8 +633,8 @@ async fn a_device_prepared_for_another_claim_is_refused_except_for_admin_access(
 }
 
 /// On the NVML backend over the double, the plugin holds the GPU's node through NVML until a
-/// VFIO prepare releases it: the idle check (here a `fuser` that looks at this very process's
-/// descriptors) finds nobody, and the GPU is rebound.
+/// VFIO prepare releases it: the idle check (the fake host's `/proc`, where the double shows
+/// its hold as the kernel would) finds nobody, and the GPU is rebound.
 #[cfg(feature = "nvml")]
 #[tokio::test]
 async fn a_vfio_prepare_over_nvml_finds_no_hold_by_the_plugin() {
@@ -652,30 +642,21 @@ async fn a_vfio_prepare_over_nvml_finds_no_hold_by_the_plugin() {
     let driver = f.driver("PassthroughSupport=true");
     let r = start_driver(f, driver).await;
     let gpu = r.f.inventory.gpus[0].info.clone();
-    let node = r.f.host_path(&format!("/dev/nvidia{}", gpu.minor));
     r.f.hardware().inventory().unwrap();
     assert_eq!(
         r.f.double().open_node_count().unwrap(),
         1,
         "NVML holds the GPU"
     );
-    // `fuser /dev/nvidia<minor>` on the node: does this very process (the plugin) hold it?
-    r.f.host.answer_with("fuser", move |command| {
-        let held = std::fs::read_dir("/proc/self/fd")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == node));
-        if held {
-            CommandOutput::ok(format!(
-                "{}: {}",
-                command.args.join(" "),
-                std::process::id()
-            ))
-        } else {
-            CommandOutput::failed(1, "")
-        }
-    });
+    let node = format!("/dev/nvidia{}", gpu.minor);
+    let holders =
+        dra_driver_nvidia::host::facts::node_holders(&r.f.host, std::path::Path::new(&node))
+            .unwrap();
+    assert_eq!(
+        holders.iter().map(|h| h.pid).collect::<Vec<_>>(),
+        [std::process::id()],
+        "the fake /proc shows this process (the plugin) holding {node}"
+    );
     let claim = r.claim(vfio_claim_of_gpu_0()).await;
     let result = r.prepare_one(&claim).await;
     assert!(result.is_ok(), "{result:?}");
@@ -689,7 +670,6 @@ async fn a_vfio_prepare_over_nvml_finds_no_hold_by_the_plugin() {
 #[tokio::test]
 async fn vfio_claims_rebind_the_gpu_and_give_it_back() {
     let r = start("mixed", "PassthroughSupport=true").await;
-    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
     // gpu-vfio-0 is the first NVIDIA GPU function in bus-ID order.
     let mut bus_ids: Vec<String> =
         r.f.inventory
@@ -767,7 +747,6 @@ async fn vfio_claims_rebind_the_gpu_and_give_it_back() {
 #[tokio::test]
 async fn a_vfio_prepare_that_fails_after_binding_is_rolled_back() {
     let r = start("mixed", "PassthroughSupport=true").await;
-    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
     // No vfio major and no /dev/vfio nodes: the edits cannot be built after the bind.
     std::fs::write(
         r.f.host_path("/proc/devices"),
@@ -911,8 +890,8 @@ async fn every_published_device_of_every_shipped_profile_prepares_on_its_fake_ho
             .vfio_pci_loaded(true)
             .build(backend.hardware())
             .unwrap();
-        // Nothing scripted, as in the plugin's mock mode: `fuser` cannot run on a fake host, so
-        // the idle check reads the (empty) fake /proc.
+        // Nothing scripted, as in the plugin's mock mode: the idle check reads the (empty)
+        // fake /proc.
         let discovery =
             Discovery::discover(&backend, &host, &DiscoveryOptions::new().passthrough(true))
                 .unwrap();
@@ -1017,7 +996,6 @@ async fn class_configs_are_matched_like_claim_configs() {
 #[tokio::test]
 async fn admin_access_does_not_take_a_gpu_away_for_passthrough() {
     let r = start("mixed", "PassthroughSupport=true").await;
-    r.f.host.script("fuser", [CommandOutput::failed(1, "")]);
     let mut gpus: Vec<_> = r.f.inventory.gpus.iter().map(|g| g.info.clone()).collect();
     gpus.sort_by(|a, b| a.pci.bus_id.cmp(&b.pci.bus_id));
     let first = &gpus[0];
@@ -1068,10 +1046,9 @@ async fn admin_access_does_not_take_a_gpu_away_for_passthrough() {
     r.shutdown().await;
 }
 
-/// Without `fuser` on the host, the open file descriptors in `/proc` tell whether the GPU is
-/// in use.
+/// The open file descriptors in `/proc` tell whether the GPU is in use: no program needed.
 #[test]
-fn without_fuser_proc_tells_whether_the_gpu_is_busy() {
+fn proc_tells_whether_the_gpu_is_busy() {
     let f = Fixture::new("workstation");
     let gpu = &f.inventory.gpus[0].info;
     let fd = f.host_path("/proc/4242/fd/7");
@@ -1083,15 +1060,16 @@ fn without_fuser_proc_tells_whether_the_gpu_is_busy() {
     std::os::unix::fs::symlink("/dev/null", &other).unwrap();
 
     let error = binder(&f.host)
-        .bind(&gpu.pci.bus_id, Some(gpu.minor))
+        .bind(&gpu.pci.bus_id, Some(&on_nvidia(gpu)))
         .unwrap_err()
         .to_string();
     assert_contains(&error, "is still in use");
+    assert_contains(&error, "held by PID 4242;");
     assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("nvidia"));
 
     std::fs::remove_file(&fd).unwrap();
     binder(&f.host)
-        .bind(&gpu.pci.bus_id, Some(gpu.minor))
+        .bind(&gpu.pci.bus_id, Some(&on_nvidia(gpu)))
         .unwrap();
     assert_eq!(f.bound_driver(&gpu.pci.bus_id).as_deref(), Some("vfio-pci"));
 }

@@ -35,6 +35,11 @@ pub(super) struct FileIdentity {
 }
 
 impl FileIdentity {
+    /// When this version was written.
+    pub(super) fn modified(&self) -> SystemTime {
+        self.mtime
+    }
+
     fn of(metadata: &fs::Metadata) -> io::Result<Self> {
         Ok(Self {
             dev: metadata.dev(),
@@ -165,6 +170,24 @@ pub(super) fn move_aside(dir: &Path, path: &Path) -> io::Result<PathBuf> {
     fs::rename(path, &target)?;
     if let Err(err) = prune_corrupt_copies(dir) {
         tracing::debug!(error = %err, "could not prune old corrupt checkpoint copies");
+    }
+    Ok(target)
+}
+
+/// Writes `bytes` to a new file `<prefix><UTC timestamp>` in `dir` (mode 0600, never
+/// replacing one) and returns its path: the kept original of a migrated foreign checkpoint.
+/// Unlike corrupt copies these are never pruned: they are what a switch back needs.
+pub(super) fn keep_copy(dir: &Path, prefix: &str, bytes: &[u8]) -> io::Result<PathBuf> {
+    let target = dir.join(format!("{prefix}{}", utc_timestamp(SystemTime::now())));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&target)?;
+    if let Err(err) = file.write_all(bytes) {
+        drop(file);
+        let _ = fs::remove_file(&target);
+        return Err(err);
     }
     Ok(target)
 }

@@ -12,6 +12,10 @@
 //! * the file carries a format version and a SHA-256 checksum of its payload; fields another SDK
 //!   version wrote are kept on rewrite; a corrupt file is moved aside and reported in
 //!   [`OpenReport`], never a reason to fail startup;
+//! * a file in another driver implementation's format (the Go driver this one replaces) is
+//!   translated by the driver's [`ForeignCheckpoint`], if it gives one to
+//!   [`Checkpoint::open_migrating`], instead of being moved aside as corrupt (see
+//!   [`ForeignCheckpoint`]'s module, `foreign.rs`);
 //! * it records the node's boot ID; a file from an earlier boot is discarded, because prepared
 //!   devices (MIG instances, VFIO bindings, MPS daemons) do not survive a reboot and the kubelet
 //!   prepares again;
@@ -46,6 +50,7 @@
 //! ```
 
 mod file;
+mod foreign;
 mod format;
 mod record;
 
@@ -56,6 +61,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use std::{fmt, io};
 
+pub use foreign::{
+    ForeignCheckpoint, ForeignFile, MigratedCheckpoint, Migration, MigrationRefused,
+};
 pub use format::Corruption;
 pub use record::{ClaimRecord, ClaimState, PreparedDeviceRecord};
 
@@ -72,6 +80,8 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the kernel publishes the ID of the current boot.
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+/// Where the kernel publishes the time of the current boot (`btime`, seconds since the epoch).
+const PROC_STAT_PATH: &str = "/proc/stat";
 
 /// Errors of the checkpoint. Corrupt files and files from another boot are *not* errors: they
 /// are handled and described in [`OpenReport`].
@@ -148,6 +158,31 @@ pub enum CheckpointError {
         /// The serializer error.
         source: serde_json::Error,
     },
+    /// The time of the current boot could not be read.
+    #[error("cannot read the boot time (`btime`) from {}: {source}", path.display())]
+    BootTime {
+        /// The file read.
+        path: PathBuf,
+        /// The I/O error (`InvalidData` if the line is missing or malformed).
+        source: io::Error,
+    },
+    /// The checkpoint is another implementation's, and the driver's [`ForeignCheckpoint`]
+    /// refused to take it over. The file is left as it was; the refusal says what to do.
+    #[error("checkpoint {}: {refusal}", path.display())]
+    ForeignCheckpointRefused {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The driver's refusal.
+        refusal: MigrationRefused,
+    },
+    /// The original of a migrated foreign checkpoint could not be kept; nothing was changed.
+    #[error("cannot keep a copy of the foreign checkpoint {} before migrating it: {source}", path.display())]
+    KeepForeign {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
     /// A corrupt checkpoint could not be renamed out of the way.
     #[error("checkpoint {} is corrupt ({corruption}) and cannot be moved aside: {source}", path.display())]
     MoveAside {
@@ -184,6 +219,38 @@ fn read_boot_id(path: &Path) -> Result<String, CheckpointError> {
         )));
     }
     Ok(boot_id.to_owned())
+}
+
+/// Reads the time of the current boot (`btime` in `/proc/stat`), for a [`ForeignCheckpoint`]
+/// that must tell whether a file without a boot ID predates the boot (its
+/// [`ForeignFile::modified`] is earlier).
+///
+/// ```no_run
+/// let booted = dra_sdk::advanced::checkpoint::boot_time()?;
+/// assert!(booted <= std::time::SystemTime::now());
+/// # Ok::<(), dra_sdk::advanced::checkpoint::CheckpointError>(())
+/// ```
+pub fn boot_time() -> Result<std::time::SystemTime, CheckpointError> {
+    read_boot_time(Path::new(PROC_STAT_PATH))
+}
+
+fn read_boot_time(path: &Path) -> Result<std::time::SystemTime, CheckpointError> {
+    let error = |source| CheckpointError::BootTime {
+        path: path.to_owned(),
+        source,
+    };
+    let text = fs::read_to_string(path).map_err(error)?;
+    let seconds = text
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .ok_or_else(|| {
+            error(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "no `btime <seconds>` line",
+            ))
+        })?;
+    Ok(std::time::UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 /// One change of a batch given to [`Checkpoint::update`].
@@ -244,12 +311,16 @@ pub struct OpenReport {
     pub created: bool,
     /// Temporary files left by a process that died in the middle of a write, now deleted.
     pub stale_temp_files_removed: Vec<PathBuf>,
+    /// The file was another implementation's checkpoint, translated by the driver's
+    /// [`ForeignCheckpoint`] ([`Checkpoint::open_migrating`]); the original is kept.
+    pub migrated: Option<MigratedCheckpoint>,
 }
 
 impl OpenReport {
     /// Whether the checkpoint was read as is (or created), with nothing discarded, moved or
     /// skipped. Removed temp files do not count: they only hold writes that never completed, or
-    /// the version a completed write replaced.
+    /// the version a completed write replaced. A foreign checkpoint migrated in full counts as
+    /// read intact (its claims are all recorded now), unless it was from another boot.
     pub fn is_clean(&self) -> bool {
         !self.discarded_other_boot
             && self.corrupt_moved_to.is_none()
@@ -406,7 +477,27 @@ impl Checkpoint {
         dir: &Path,
         boot_id: impl Into<String>,
     ) -> Result<(Checkpoint, OpenReport), CheckpointError> {
-        let boot_id = boot_id.into();
+        Self::open_with(dir, boot_id.into(), None)
+    }
+
+    /// [`open`](Self::open), but a file that is not in the SDK's format goes to `foreign`
+    /// first: translated into the SDK's records (the original kept next to the checkpoint,
+    /// [`OpenReport::migrated`]), refused ([`CheckpointError::ForeignCheckpointRefused`], the
+    /// file left as it was), or, when `foreign` does not know it either, moved aside as
+    /// corrupt. See [`ForeignCheckpoint`].
+    pub fn open_migrating(
+        dir: &Path,
+        boot_id: impl Into<String>,
+        foreign: &dyn ForeignCheckpoint,
+    ) -> Result<(Checkpoint, OpenReport), CheckpointError> {
+        Self::open_with(dir, boot_id.into(), Some(foreign))
+    }
+
+    fn open_with(
+        dir: &Path,
+        boot_id: String,
+        foreign: Option<&dyn ForeignCheckpoint>,
+    ) -> Result<(Checkpoint, OpenReport), CheckpointError> {
         if boot_id.is_empty() {
             return Err(CheckpointError::EmptyBootId);
         }
@@ -432,11 +523,14 @@ impl Checkpoint {
             boot_id,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
         };
-        let report = checkpoint.load_at_open()?;
+        let report = checkpoint.load_at_open(foreign)?;
         Ok((checkpoint, report))
     }
 
-    fn load_at_open(&self) -> Result<OpenReport, CheckpointError> {
+    fn load_at_open(
+        &self,
+        foreign: Option<&dyn ForeignCheckpoint>,
+    ) -> Result<OpenReport, CheckpointError> {
         let mut inner = self.lock_inner();
         let _file_lock = self.lock_file()?;
         // Under the lock: no other instance is between creating and renaming a temp file.
@@ -444,7 +538,7 @@ impl Checkpoint {
             tracing::warn!(dir = %self.dir.display(), error = %err, "could not remove leftover checkpoint temp files");
             Vec::new()
         });
-        let (mut report, needs_write) = self.sync_from_disk(&mut inner)?;
+        let (mut report, needs_write) = self.sync_from_disk(&mut inner, foreign)?;
         if needs_write {
             self.write_locked(&mut inner)?;
         }
@@ -532,7 +626,7 @@ impl Checkpoint {
         let _file_lock = self.lock_file()?;
         let mut needs_write = false;
         if !inner.seen.matches(self.identity_on_disk()?) {
-            needs_write = self.sync_from_disk(&mut inner)?.1;
+            needs_write = self.sync_from_disk(&mut inner, None)?.1;
         }
 
         let undo = Undo::apply(&mut inner.contents.claims, changes);
@@ -558,7 +652,7 @@ impl Checkpoint {
         let _file_lock = self.lock_file()?;
         let mut needs_write = false;
         if !inner.seen.matches(self.identity_on_disk()?) {
-            needs_write = self.sync_from_disk(&mut inner)?.1;
+            needs_write = self.sync_from_disk(&mut inner, None)?.1;
         }
         let record = inner
             .contents
@@ -624,7 +718,7 @@ impl Checkpoint {
         // Re-reading needs no lock (renames are atomic), but recovering from a corrupt or
         // missing file rewrites it, and that must not race with another instance's write.
         let _file_lock = self.lock_file()?;
-        let (_, needs_write) = self.sync_from_disk(inner)?;
+        let (_, needs_write) = self.sync_from_disk(inner, None)?;
         if needs_write {
             self.write_locked(inner)?;
         }
@@ -636,8 +730,13 @@ impl Checkpoint {
     ///
     /// The rules are the same at open and later; only the starting memory differs (empty at
     /// open, the last good version later). A missing or corrupt file is replaced by what is in
-    /// memory: at runtime that is the best knowledge of what is prepared on the node.
-    fn sync_from_disk(&self, inner: &mut Inner) -> Result<(OpenReport, bool), CheckpointError> {
+    /// memory: at runtime that is the best knowledge of what is prepared on the node. Only at
+    /// open is a file in another format offered to `foreign` (see [`ForeignCheckpoint`]).
+    fn sync_from_disk(
+        &self,
+        inner: &mut Inner,
+        foreign: Option<&dyn ForeignCheckpoint>,
+    ) -> Result<(OpenReport, bool), CheckpointError> {
         let mut report = OpenReport::default();
         let path = self.path.display();
         let read = file::read(&self.path).map_err(|source| CheckpointError::Read {
@@ -654,6 +753,27 @@ impl Checkpoint {
         };
         match format::decode(&bytes) {
             Err(corruption) => {
+                if let Some(foreign) = foreign {
+                    let file = ForeignFile {
+                        path: &self.path,
+                        bytes: &bytes,
+                        modified: Some(identity.modified()),
+                        boot_id: &self.boot_id,
+                    };
+                    match foreign.migrate(&file) {
+                        Ok(Some(migration)) => {
+                            return self.adopt_foreign(inner, identity, &bytes, foreign, migration);
+                        }
+                        Ok(None) => {}
+                        Err(refusal) => {
+                            tracing::error!(%path, %refusal, "the checkpoint of another driver implementation cannot be taken over; it is left as it is");
+                            return Err(CheckpointError::ForeignCheckpointRefused {
+                                path: self.path.clone(),
+                                refusal,
+                            });
+                        }
+                    }
+                }
                 let moved_to = file::move_aside(&self.dir, &self.path).map_err(|source| {
                     CheckpointError::MoveAside {
                         path: self.path.clone(),
@@ -697,6 +817,81 @@ impl Checkpoint {
                 Ok((report, false))
             }
         }
+    }
+
+    /// Replaces memory with a migrated foreign checkpoint, after keeping a copy of the
+    /// original. Call with the file lock held; the caller writes the new file. A crash before
+    /// that write leaves the foreign file in place (and an extra copy), so the next start
+    /// migrates it again.
+    fn adopt_foreign(
+        &self,
+        inner: &mut Inner,
+        identity: FileIdentity,
+        bytes: &[u8],
+        foreign: &dyn ForeignCheckpoint,
+        migration: Migration,
+    ) -> Result<(OpenReport, bool), CheckpointError> {
+        let label = foreign::file_label(foreign.label());
+        let kept_at = file::keep_copy(&self.dir, &format!("{CHECKPOINT_FILE}.{label}-"), bytes)
+            .map_err(|source| CheckpointError::KeepForeign {
+                path: self.path.clone(),
+                source,
+            })?;
+        let mut contents = Contents::empty(&self.boot_id);
+        if !migration.from_other_boot {
+            for (uid, record) in migration.claims.iter() {
+                let stored = StoredClaim::from_record(record.clone()).map_err(|source| {
+                    CheckpointError::EncodeRecord {
+                        claim_uid: uid.clone(),
+                        source,
+                    }
+                })?;
+                contents.claims.insert(uid.clone(), stored);
+            }
+        }
+        let claims = contents.claims.len();
+        let completed = if migration.from_other_boot {
+            0
+        } else {
+            migration
+                .claims
+                .values()
+                .filter(|record| record.is_completed())
+                .count()
+        };
+        let path = self.path.display();
+        tracing::info!(
+            %path,
+            format = %migration.format,
+            kept_at = %kept_at.display(),
+            claims,
+            completed,
+            from_other_boot = migration.from_other_boot,
+            "migrated the checkpoint of another driver implementation; its original is kept"
+        );
+        for note in &migration.notes {
+            tracing::warn!(%path, format = %migration.format, "{note}");
+        }
+        let mut report = OpenReport {
+            discarded_other_boot: migration.from_other_boot,
+            discarded_claims: if migration.from_other_boot {
+                migration.claims.len()
+            } else {
+                0
+            },
+            ..OpenReport::default()
+        };
+        report.migrated = Some(MigratedCheckpoint {
+            format: migration.format,
+            kept_at,
+            claims,
+            completed,
+            from_other_boot: migration.from_other_boot,
+            notes: migration.notes,
+        });
+        inner.contents = contents;
+        inner.seen = Seen::File(identity);
+        Ok((report, true))
     }
 
     /// Writes memory to the file. Call with the file lock held.
@@ -754,6 +949,24 @@ mod tests {
     }
 
     #[test]
+    fn boot_time_is_read_from_btime() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("stat");
+        fs::write(&path, "cpu  1 2 3\nbtime 1700000000\nprocesses 9\n").unwrap();
+        assert_eq!(
+            read_boot_time(&path).unwrap(),
+            std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+        );
+        fs::write(&path, "cpu  1 2 3\n").unwrap();
+        assert!(matches!(
+            read_boot_time(&path),
+            Err(CheckpointError::BootTime { .. })
+        ));
+        // The kernel's, on Linux like the SDK.
+        assert!(boot_time().unwrap() <= std::time::SystemTime::now());
+    }
+
+    #[test]
     fn current_boot_id_reads_the_kernel_value() {
         // Linux only, like the SDK.
         let boot_id = current_boot_id().unwrap();
@@ -790,6 +1003,189 @@ mod tests {
         assert_eq!(claims["c"], stored("c2"));
         undo.revert(&mut claims);
         assert_eq!(claims, before);
+    }
+
+    /// A foreign format for the tests: `FOREIGN <uid>...`, or `REFUSE`, or `OLD <uid>`
+    /// (from another boot); anything else is not this format.
+    struct Lines {
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Lines {
+        fn new() -> Self {
+            Self {
+                calls: std::sync::atomic::AtomicUsize::new(0),
+            }
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl ForeignCheckpoint for Lines {
+        fn label(&self) -> &str {
+            "test format"
+        }
+
+        fn migrate(&self, file: &ForeignFile<'_>) -> Result<Option<Migration>, MigrationRefused> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(file.boot_id, "boot-1");
+            assert!(file.modified.is_some());
+            let text = std::str::from_utf8(file.bytes).unwrap_or_default();
+            let mut words = text.split_whitespace();
+            match words.next() {
+                Some("FOREIGN") => {
+                    let claims = words
+                        .map(|uid| {
+                            let record = ClaimRecord::started("ns", uid)
+                                .with_driver_state(serde_json::json!({ "from": "foreign" }));
+                            let record = if uid.starts_with("started") {
+                                record
+                            } else {
+                                record.into_completed(vec![PreparedDeviceRecord::new("node", uid)])
+                            };
+                            (uid.to_owned(), record)
+                        })
+                        .collect();
+                    Ok(Some(
+                        Migration::new("lines v1", claims).note("one field had no equivalent"),
+                    ))
+                }
+                Some("OLD") => Ok(Some(Migration::from_other_boot("lines v1"))),
+                Some("REFUSE") => Err(MigrationRefused::new(
+                    "lines v1",
+                    ["uid-9"],
+                    "drain the node first",
+                )),
+                _ => Ok(None),
+            }
+        }
+    }
+
+    fn kept_copies(dir: &Path) -> Vec<PathBuf> {
+        let mut kept: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.starts_with("checkpoint.json.test-format-"))
+            })
+            .collect();
+        kept.sort();
+        kept
+    }
+
+    #[test]
+    fn a_foreign_checkpoint_is_migrated_and_its_original_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let original = b"FOREIGN uid-1 uid-2 started-3\n";
+        fs::write(dir.path().join(CHECKPOINT_FILE), original).unwrap();
+        let lines = Lines::new();
+        let (checkpoint, report) =
+            Checkpoint::open_migrating(dir.path(), "boot-1", &lines).unwrap();
+        assert_eq!(lines.calls(), 1);
+        assert!(report.is_clean(), "{report:?}");
+        let migrated = report.migrated.clone().unwrap();
+        assert_eq!(migrated.format, "lines v1");
+        assert_eq!((migrated.claims, migrated.completed), (3, 2));
+        assert!(!migrated.from_other_boot);
+        assert_eq!(migrated.notes, ["one field had no equivalent"]);
+        assert_eq!(
+            kept_copies(dir.path()),
+            std::slice::from_ref(&migrated.kept_at)
+        );
+        assert_eq!(fs::read(&migrated.kept_at).unwrap(), original);
+
+        let records = checkpoint.records().unwrap();
+        assert_eq!(records.len(), 3);
+        assert!(records["uid-1"].is_completed());
+        assert_eq!(records["uid-1"].devices[0].device, "uid-1");
+        assert_eq!(
+            records["uid-2"].driver_state,
+            Some(serde_json::json!({ "from": "foreign" }))
+        );
+        assert_eq!(records["started-3"].state, ClaimState::PrepareStarted);
+
+        // The file is the SDK's now: a plain open reads it as is, and the hook is not asked
+        // again.
+        drop(checkpoint);
+        let (reopened, report) = Checkpoint::open_migrating(dir.path(), "boot-1", &lines).unwrap();
+        assert_eq!(lines.calls(), 1);
+        assert!(report.is_clean() && report.migrated.is_none(), "{report:?}");
+        assert_eq!(reopened.records().unwrap(), records);
+    }
+
+    #[test]
+    fn a_refused_foreign_checkpoint_fails_the_open_and_stays_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE);
+        fs::write(&path, "REFUSE").unwrap();
+        let error = Checkpoint::open_migrating(dir.path(), "boot-1", &Lines::new()).unwrap_err();
+        let CheckpointError::ForeignCheckpointRefused { path: at, refusal } = &error else {
+            panic!("expected a refusal, got {error:?}");
+        };
+        assert_eq!(at, &path);
+        assert_eq!(refusal.claims, ["uid-9"]);
+        let text = error.to_string();
+        assert!(text.contains("drain the node first"), "{text}");
+        assert!(text.contains("uid-9"), "{text}");
+        assert_eq!(fs::read(&path).unwrap(), b"REFUSE");
+        assert!(kept_copies(dir.path()).is_empty());
+        let names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("checkpoint.json"))
+            .collect();
+        assert_eq!(names, ["checkpoint.json"], "nothing moved aside");
+    }
+
+    #[test]
+    fn an_unknown_format_is_still_moved_aside_as_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(CHECKPOINT_FILE), "garbage").unwrap();
+        let lines = Lines::new();
+        let (checkpoint, report) =
+            Checkpoint::open_migrating(dir.path(), "boot-1", &lines).unwrap();
+        assert_eq!(lines.calls(), 1);
+        assert!(report.migrated.is_none());
+        assert!(report.corrupt_moved_to.is_some());
+        assert!(checkpoint.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_foreign_checkpoint_of_an_earlier_boot_keeps_no_claim() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(CHECKPOINT_FILE), "OLD uid-1").unwrap();
+        let (checkpoint, report) =
+            Checkpoint::open_migrating(dir.path(), "boot-1", &Lines::new()).unwrap();
+        assert!(report.discarded_other_boot);
+        assert!(!report.is_clean());
+        let migrated = report.migrated.unwrap();
+        assert!(migrated.from_other_boot);
+        assert_eq!(migrated.claims, 0);
+        assert_eq!(fs::read(&migrated.kept_at).unwrap(), b"OLD uid-1");
+        assert!(checkpoint.records().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_foreign_file_written_while_running_is_not_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines = Lines::new();
+        let (checkpoint, report) =
+            Checkpoint::open_migrating(dir.path(), "boot-1", &lines).unwrap();
+        assert!(report.created);
+        checkpoint
+            .update([ClaimChange::put("mine", ClaimRecord::started("ns", "mine"))])
+            .unwrap();
+        // The other implementation still runs and writes its file: that is corruption, and
+        // what this instance knows is written back.
+        fs::write(dir.path().join(CHECKPOINT_FILE), "FOREIGN uid-1").unwrap();
+        let records = checkpoint.records().unwrap();
+        assert_eq!(records.keys().collect::<Vec<_>>(), ["mine"]);
+        assert_eq!(lines.calls(), 0);
+        assert!(kept_copies(dir.path()).is_empty());
     }
 
     #[test]

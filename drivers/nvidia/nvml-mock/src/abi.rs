@@ -22,9 +22,9 @@ use dra_driver_nvidia::backend::MigPlacement;
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
     nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
-    nvmlDeviceAttributes_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t, nvmlGpuInstance_t,
-    nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t,
-    nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlDeviceAttributes_t, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t,
+    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
 
 use crate::handle::Handle;
@@ -146,6 +146,7 @@ pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
         1 => c"Uninitialized",
         2 => c"Invalid Argument",
         3 => c"Not Supported",
+        4 => c"Insufficient Permissions",
         6 => c"Not Found",
         7 => c"Insufficient Size",
         9 => c"Driver Not Loaded",
@@ -479,6 +480,34 @@ pub unsafe extern "C" fn nvmlDeviceGetAttributes_v2(
     let result = handle(device).and_then(|handle| with(|machine| machine.mig_attributes(handle)));
     // SAFETY: NVML's contract on `attributes`.
     unsafe { put(result, attributes) }
+}
+
+// ---- persistence mode ------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    let result = gpu(device)
+        .and_then(|gpu| with(|machine| machine.persistence_mode(gpu)))
+        .map(nvmlEnableState_t::from);
+    // SAFETY: NVML's contract on `mode`.
+    unsafe { put(result, mode) }
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceSetPersistenceMode(
+    device: nvmlDevice_t,
+    mode: nvmlEnableState_t,
+) -> nvmlReturn_t {
+    let result = gpu(device).and_then(|gpu| {
+        if mode > 1 {
+            return Err(INVALID_ARGUMENT);
+        }
+        with(|machine| machine.set_persistence_mode(gpu, mode == 1))
+    });
+    result.err().unwrap_or(SUCCESS)
 }
 
 // ---- MIG: mode, profiles, devices ------------------------------------------------------------
@@ -1129,6 +1158,27 @@ pub unsafe extern "C" fn nvmlMockSetMigMode(uuid: *const c_char, enabled: c_uint
             machine.set_mig_mode_outside(gpu, enabled != 0)
         })
     }
+}
+
+/// Persistence mode set outside NVML (`nvidia-smi -pm`): `enabled` non-zero on, else off.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlMockSetPersistence(
+    uuid: *const c_char,
+    enabled: c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: NVML's contract on strings.
+    unsafe {
+        control(uuid, |machine, gpu| {
+            machine.set_persistence_outside(gpu, enabled != 0)
+        })
+    }
+}
+
+/// Changes of the GPU's persistence mode fail with `NO_PERMISSION` (as without root).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlMockRefusePersistence(uuid: *const c_char) -> nvmlReturn_t {
+    // SAFETY: NVML's contract on strings.
+    unsafe { control(uuid, Machine::refuse_persistence) }
 }
 
 /// How many `nvmlInit` calls are not yet matched by `nvmlShutdown`.

@@ -284,6 +284,17 @@ impl NvmlDouble {
         self.uuid_and_int("nvmlMockSetRecoveryAction", gpu_uuid, action)
     }
 
+    /// Sets the GPU's persistence mode (the driver's own setting) outside NVML, as
+    /// `nvidia-smi -pm` or a boot script would.
+    pub fn set_persistence(&self, gpu_uuid: &str, enabled: bool) -> Result<(), DoubleError> {
+        self.uuid_and_int("nvmlMockSetPersistence", gpu_uuid, u32::from(enabled))
+    }
+
+    /// Changes of the GPU's persistence mode through NVML fail with `NO_PERMISSION`.
+    pub fn refuse_persistence(&self, gpu_uuid: &str) -> Result<(), DoubleError> {
+        self.uuid_only("nvmlMockRefusePersistence", gpu_uuid)
+    }
+
     /// `nvmlInit` calls not yet matched by `nvmlShutdown`.
     pub fn init_count(&self) -> Result<u32, DoubleError> {
         self.counter(b"nvmlMockInitCount\0")

@@ -19,6 +19,8 @@
 //! * [`NvmlDouble`] loads a private copy of the library (its own machine: tests run in
 //!   parallel) and drives its control functions: inject an XID, lose a GPU, keep a MIG mode
 //!   change pending, refuse event registration …
+//! * [`FakePersistenced`] stands in for `nvidia-persistenced` on the same root: its socket,
+//!   its RPC, and its hold on the GPUs it keeps in persistence mode, as `/proc` shows it.
 //! * A process that loads the library by path (the plugin binary) picks the machine with
 //!   `NVML_MOCK_PROFILE` (a shipped profile's name or a profile file) and
 //!   `NVML_MOCK_ROOT` (the mock machine's root: while a handle on a GPU is live and NVML is
@@ -32,6 +34,8 @@ pub mod abi;
 mod control;
 mod handle;
 mod machine;
+mod persistenced;
 
 pub use control::{DoubleError, NvmlDouble, built_library};
 pub use machine::{GPU_INSTANCE_PROFILE_COUNT, PROFILE_ENV, ROOT_ENV, nvml_profile_index};
+pub use persistenced::{FakePersistenced, PersistencedRequest, SOCKET as PERSISTENCED_SOCKET};

@@ -8,11 +8,18 @@
 //! NVML is initialised, MIG profiles by NVML enum index with their IDs and placements, GPU
 //! and compute instances (on the mock backend's MIG model, so both backends change the same
 //! state the same way), MIG mode changes that stay pending while the GPU is in use, event
-//! sets, and GPUs that fall off the bus.
+//! sets, GPUs that fall off the bus, and persistence mode (the driver's own, legacy setting:
+//! `nvidia-persistenced` is [`crate::FakePersistenced`]).
+//!
+//! With a root, a held device node also shows in the root's `/proc/<pid>/fd` (a link named
+//! after the real descriptor, to `/dev/nvidia<minor>`, with `/proc/<pid>/comm`), as the
+//! kernel's `/proc` shows it: the driver's scan for processes holding a GPU finds the
+//! library's hold there.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
-use std::path::PathBuf;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -28,6 +35,7 @@ pub(crate) type Code = sys::nvmlReturn_t;
 
 pub(crate) const SUCCESS: Code = sys::nvmlReturn_enum_NVML_SUCCESS;
 pub(crate) const UNINITIALIZED: Code = sys::nvmlReturn_enum_NVML_ERROR_UNINITIALIZED;
+pub(crate) const NO_PERMISSION: Code = sys::nvmlReturn_enum_NVML_ERROR_NO_PERMISSION;
 pub(crate) const INVALID_ARGUMENT: Code = sys::nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 pub(crate) const NOT_SUPPORTED: Code = sys::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 pub(crate) const NOT_FOUND: Code = sys::nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
@@ -158,7 +166,7 @@ pub(crate) struct Machine {
     inits: u32,
     no_gpus: bool,
     /// Device nodes held open, by GPU index.
-    open_nodes: BTreeMap<u32, File>,
+    open_nodes: BTreeMap<u32, OpenNode>,
     lost: BTreeSet<u32>,
     /// GPUs bound to another driver (vfio-pci): NVML does not enumerate them.
     detached: BTreeSet<u32>,
@@ -169,6 +177,10 @@ pub(crate) struct Machine {
     refused_placements: BTreeSet<(u32, u32)>,
     /// GPU → the recovery action field 230 reports (absent: 0, none).
     recovery: BTreeMap<u32, u32>,
+    /// GPUs in (legacy) persistence mode.
+    persistence: BTreeSet<u32>,
+    /// GPUs whose persistence mode cannot be changed (`NO_PERMISSION`, as without root).
+    refused_persistence: BTreeSet<u32>,
     sets: BTreeMap<u32, EventSet>,
     next_set: u32,
 }
@@ -193,6 +205,8 @@ impl Machine {
             raw_brand: BTreeMap::new(),
             refused_placements: BTreeSet::new(),
             recovery: BTreeMap::new(),
+            persistence: BTreeSet::new(),
+            refused_persistence: BTreeSet::new(),
             sets: BTreeMap::new(),
             next_set: 1,
         })
@@ -302,7 +316,9 @@ impl Machine {
             // device files are missing fails at init, which the profile's host tree
             // provides; a test without a host tree has no root.
             if let Ok(file) = File::open(&node) {
-                self.open_nodes.insert(index, file);
+                let link = show_in_proc(root, &file, gpu.minor);
+                self.open_nodes
+                    .insert(index, OpenNode { _file: file, link });
             }
         }
         Ok(index)
@@ -863,6 +879,72 @@ impl Machine {
     pub(crate) fn refuse_placements(&mut self, gpu: u32, profile_id: u32) {
         self.refused_placements.insert((gpu, profile_id));
     }
+
+    // ---- persistence mode -----------------------------------------------------------------
+
+    /// `nvmlDeviceGetPersistenceMode`: the driver's own (legacy) setting.
+    pub(crate) fn persistence_mode(&self, gpu: u32) -> Result<bool, Code> {
+        self.gpu(gpu)?;
+        Ok(self.persistence.contains(&gpu))
+    }
+
+    /// `nvmlDeviceSetPersistenceMode`; `NO_PERMISSION` where a test refused it.
+    pub(crate) fn set_persistence_mode(&mut self, gpu: u32, enabled: bool) -> Result<(), Code> {
+        self.gpu(gpu)?;
+        if self.refused_persistence.contains(&gpu) {
+            return Err(NO_PERMISSION);
+        }
+        self.set_persistence_outside(gpu, enabled);
+        Ok(())
+    }
+
+    /// Persistence mode set outside NVML (`nvidia-smi -pm` of an operator, a boot script).
+    pub(crate) fn set_persistence_outside(&mut self, gpu: u32, enabled: bool) {
+        if enabled {
+            self.persistence.insert(gpu);
+        } else {
+            self.persistence.remove(&gpu);
+        }
+    }
+
+    pub(crate) fn refuse_persistence(&mut self, gpu: u32) {
+        self.refused_persistence.insert(gpu);
+    }
+}
+
+/// A GPU's device node the library holds, and its entry in the root's `/proc`.
+struct OpenNode {
+    _file: File,
+    /// `<root>/proc/<pid>/fd/<fd>`, removed when the node is closed.
+    link: Option<PathBuf>,
+}
+
+impl Drop for OpenNode {
+    fn drop(&mut self) {
+        if let Some(link) = &self.link {
+            // Gone already is fine: the test may have removed the tree.
+            let _ = std::fs::remove_file(link);
+        }
+    }
+}
+
+/// Shows `file` (the node of GPU `minor`) as held by this process in `<root>/proc`, as the
+/// kernel's `/proc/<pid>/fd` does; the link's path, or `None` when the tree cannot be
+/// written (the hold is then invisible, as in a container that hides `/proc`).
+fn show_in_proc(root: &Path, file: &File, minor: u32) -> Option<PathBuf> {
+    let process = root.join("proc").join(std::process::id().to_string());
+    let fds = process.join("fd");
+    std::fs::create_dir_all(&fds).ok()?;
+    let comm = process.join("comm");
+    if !comm.exists() {
+        let name =
+            std::fs::read_to_string("/proc/self/comm").unwrap_or_else(|_| "nvml-mock\n".to_owned());
+        std::fs::write(&comm, name).ok()?;
+    }
+    let link = fds.join(file.as_raw_fd().to_string());
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(format!("/dev/nvidia{minor}"), &link).ok()?;
+    Some(link)
 }
 
 pub(crate) use crate::handle::Handle;

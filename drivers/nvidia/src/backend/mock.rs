@@ -71,8 +71,10 @@ use super::events::HealthEventStream;
 
 mod events;
 mod mig;
+mod persistence;
 pub use events::{MockEventStream, MockEvents};
 pub use mig::MockMig;
+pub use persistence::{MockPersistence, PersistenceCall};
 
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, GpuInventory,
@@ -229,6 +231,8 @@ pub struct MockBackend {
     events: MockEvents,
     /// MIG instances created and destroyed since the profile was loaded; shared by clones.
     mig: MockMig,
+    /// Persistence mode of each GPU; shared by clones.
+    persistence: MockPersistence,
 }
 
 impl MockBackend {
@@ -278,6 +282,7 @@ impl MockBackend {
             inventory,
             events: MockEvents::default(),
             mig: MockMig::default(),
+            persistence: MockPersistence::default(),
         })
     }
 
@@ -304,6 +309,12 @@ impl MockBackend {
     /// the backend share it.
     pub fn mig(&self) -> MockMig {
         self.mig.clone()
+    }
+
+    /// The GPUs' persistence mode: set it, read the calls received, make changes fail.
+    /// Clones of the backend share it.
+    pub fn persistence(&self) -> MockPersistence {
+        self.persistence.clone()
     }
 
     /// The whole machine as the profile describes it, without going through the trait (MIG
@@ -368,6 +379,16 @@ impl GpuBackend for MockBackend {
 
     fn mig_profiles(&self, gpu_uuid: &str) -> Result<Vec<MigProfileInfo>, BackendError> {
         Ok(self.gpu(gpu_uuid)?.mig_profiles.clone())
+    }
+
+    fn persistence_mode(&self, gpu_uuid: &str) -> Result<Option<bool>, BackendError> {
+        self.gpu(gpu_uuid)?;
+        Ok(Some(self.persistence.get(gpu_uuid)))
+    }
+
+    fn set_persistence_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {
+        self.gpu(gpu_uuid)?;
+        self.persistence.change(gpu_uuid, enabled)
     }
 
     fn inventory(&self) -> Result<Inventory, BackendError> {

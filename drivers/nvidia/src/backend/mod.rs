@@ -11,8 +11,10 @@
 //! Beside it, the backend's other two faces: [`mig::MigManager`], the one trait that changes MIG
 //! state, and [`events::HealthEventStream`], the hardware's health events.
 //!
-//! The trait is read-only: nothing in it changes GPU, MIG or driver settings. All calls are
-//! synchronous, like NVML itself; async callers run them on a blocking thread.
+//! The trait reads, with one exception: [`GpuBackend::set_persistence_mode`], which the VFIO
+//! path uses to let go of a GPU before it is bound to vfio-pci and to give the setting back
+//! afterwards. MIG changes are [`mig::MigManager`]'s. All calls are synchronous, like NVML
+//! itself; async callers run them on a blocking thread.
 //!
 //! ```
 //! use dra_driver_nvidia::backend::{GpuBackend, mock::MockBackend};
@@ -35,7 +37,7 @@ pub mod mock;
 #[cfg(feature = "nvml")]
 pub mod nvml;
 
-/// Everything the driver asks of the GPU hardware. Read-only.
+/// Everything the driver asks of the GPU hardware. Read-only, except persistence mode.
 ///
 /// GPUs are addressed by UUID (`GPU-…`), the one identity that survives re-enumeration.
 /// Implementations are cheap to share (`Arc<dyn GpuBackend>`).
@@ -94,6 +96,26 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
     ) -> Result<Option<crate::backend::events::RecoveryAction>, BackendError> {
         let _ = gpu_uuid;
         Ok(None)
+    }
+
+    /// Whether the GPU is in persistence mode (NVML's `nvmlDeviceGetPersistenceMode`: the
+    /// driver keeps the GPU initialised with no client); `None` when the backend or the GPU
+    /// does not report it. Default: `None`.
+    fn persistence_mode(&self, gpu_uuid: &str) -> Result<Option<bool>, BackendError> {
+        let _ = gpu_uuid;
+        Ok(None)
+    }
+
+    /// Turns persistence mode on or off (NVML's `nvmlDeviceSetPersistenceMode`, the driver's
+    /// own setting, not `nvidia-persistenced`'s; Linux only, needs root). The one setting this
+    /// trait changes: a GPU going to vfio-pci must be let go of first, and gets its setting
+    /// back when it returns to `nvidia`. Default: [`BackendError::Unsupported`].
+    fn set_persistence_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {
+        let _ = (gpu_uuid, enabled);
+        Err(BackendError::Unsupported {
+            what: "setting persistence mode".into(),
+            backend: self.name(),
+        })
     }
 
     /// Lets go of every GPU for as long as the returned guard lives, so that a check for

@@ -5,7 +5,8 @@
 //! machines without the NVIDIA driver; a missing library is [`BackendError::LibraryNotFound`]
 //! with a hint.
 //!
-//! Read-only: nothing here changes GPU, MIG or driver settings.
+//! Reads, except persistence mode ([`GpuBackend::set_persistence_mode`], for VFIO) and the
+//! MIG changes of [`MigManager`].
 //!
 //! nvml-wrapper 0.11 wraps the GPU queries but none of the MIG instance queries
 //! (`nvmlDeviceGetMigDeviceHandleByIndex`, `nvmlDeviceGetGpuInstanceId`,
@@ -251,6 +252,29 @@ impl GpuBackend for NvmlBackend {
         let nvml = self.nvml()?;
         let device = device(&nvml, gpu_uuid)?;
         Ok(self.mig.recovery_action(&device))
+    }
+
+    fn persistence_mode(&self, gpu_uuid: &str) -> Result<Option<bool>, BackendError> {
+        let nvml = self.nvml()?;
+        match device(&nvml, gpu_uuid)?.is_in_persistent_mode() {
+            Ok(enabled) => Ok(Some(enabled)),
+            // Not a Linux driver, or a GPU that has no such setting.
+            Err(NvmlError::NotSupported) => Ok(None),
+            Err(error) => Err(query("persistence mode", Some(gpu_uuid), error)),
+        }
+    }
+
+    fn set_persistence_mode(&self, gpu_uuid: &str, enabled: bool) -> Result<(), BackendError> {
+        let nvml = self.nvml()?;
+        let mut device = device(&nvml, gpu_uuid)?;
+        device.set_persistent(enabled).map_err(|error| {
+            let what = if enabled {
+                "turning persistence mode on"
+            } else {
+                "turning persistence mode off"
+            };
+            query(what, Some(gpu_uuid), error)
+        })
     }
 
     fn release_devices(&self) -> DeviceRelease {

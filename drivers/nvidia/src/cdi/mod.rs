@@ -1,35 +1,58 @@
-//! Container edits for NVIDIA devices, computed from the current host state at every prepare.
+//! Container edits for NVIDIA devices, computed from the current host state at every prepare,
+//! with the files `nvidia-ctk cdi generate` would give a container.
 //!
 //! Nothing here is cached: upstream caches its CDI specs for minutes and so hands out specs
 //! without device nodes when `/dev/nvidia*` appeared after the first prepare (issue #1380) or
-//! stale ones after the driver was replaced (#1144). Reading a few `/dev` entries and a driver
-//! root listing costs well under a millisecond.
+//! stale ones after the driver was replaced (#1144). Reading a few `/dev` entries and the
+//! driver root's folders takes about 2 ms for a full 550 install (release build, measured on a
+//! busy 2-core machine against the fake driver root of `tests/cdi.rs`).
 //!
 //! # What a container gets
 //!
 //! | Device | Device edits | Claim-wide edits |
 //! |---|---|---|
-//! | full GPU | `/dev/nvidia<minor>` | see below |
-//! | MIG device | the parent's `/dev/nvidia<minor>`, and `/dev/nvidia-caps/nvidia-cap<gi>` and `nvidia-cap<ci>` for its GPU and compute instance | see below |
+//! | full GPU | `/dev/nvidia<minor>`; its `/dev/dri/card<N>` and `renderD<N>` (from `/sys/bus/pci/devices/<bdf>/drm/`); with a hook, `create-symlinks` of its `/dev/dri/by-path/pci-<bdf>-{card,render}` links | see below |
+//! | MIG device | the parent's `/dev/nvidia<minor>`, and `/dev/nvidia-caps/nvidia-cap<gi>` and `nvidia-cap<ci>` for its GPU and compute instance (no DRM nodes: MIG has no graphics) | see below |
 //! | VFIO device | `/dev/vfio/<group>` and `/dev/vfio/vfio` (legacy), or `/dev/vfio/devices/vfio<N>` and `/dev/iommu` (IOMMUFD) | `NVIDIA_VISIBLE_DEVICES=void` |
 //!
 //! Claim-wide edits of a claim with a GPU or MIG device ([`CdiEdits::common`]):
-//! `/dev/nvidiactl`, `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools` when they exist on the
-//! host; the driver's libraries (`lib*.so.<driver version>`) and binaries (`nvidia-smi`, the
-//! MPS binaries, ...) and the GSP firmware found under the driver root, mounted read-only at
-//! their path relative to the driver root; `NVIDIA_VISIBLE_DEVICES=void`, as in upstream's
-//! specs, so that a legacy `nvidia-container-runtime` hook does not add every GPU; and, when a
-//! hook binary is configured, the `nvidia-cdi-hook` hooks upstream uses (`create-symlinks`,
-//! `update-ldcache`, `enable-cuda-compat`, `disable-device-node-modification`).
+//!
+//! | What | Found by ([`discover`]) | Mounted at |
+//! |---|---|---|
+//! | `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` | the host's node, else `/proc/devices` | — |
+//! | `/dev/nvidia-modeset` | the host's node, when the `nvidia-modeset` module made it | — |
+//! | driver libraries: every `*.so.<version>` (compute, NVDEC `libnvcuvid`, NVENC `libnvidia-encode`, OFA `libnvidia-opticalflow`, VDPAU, OpenGL/EGL/Vulkan, ...) and `libnvidia-nvvm70.so.*` | the folder of `libcuda.so.<version>`, from the usual library folders or the root's `/etc/ld.so.cache` | their path in the driver root, links resolved |
+//! | `libnvidia-egl-gbm.so.*.*`, `libnvidia-egl-wayland.so.*.*`, `nvidia_drv.so`, `libglxserver_nvidia.so.<version>` | library folders, X module folders | their path |
+//! | EGL vendor and platform files, `nvoptix.bin`, X configuration | `/etc`, `/usr/local/share`, `/usr/share` | their path |
+//! | Vulkan ICD and layer files (`nvidia_icd.json`, `nvidia_layers.json`) | the same, then the root itself | under `/etc/vulkan/` |
+//! | `nvidia-smi`, `nvidia-debugdump`, `nvidia-persistenced`, the MPS and IMEX binaries | the usual `PATH` folders | their path |
+//! | GSP firmware `nvidia/<version>/gsp*.bin` | the kernel's firmware folders | their path |
+//! | `nvidia-persistenced` and `nvidia-fabricmanager` sockets | `/run`, `/var/run` | their path, writable |
+//! | `NVIDIA_VISIBLE_DEVICES=void` | — | so that a legacy `nvidia-container-runtime` hook does not add every GPU, as in upstream's specs |
+//!
+//! Mounts are read-only (`ro,nosuid,nodev,rbind,rprivate`, as `nvidia-ctk`'s), except the
+//! sockets (`nosuid,nodev,rbind,rprivate,noexec`) and the Vulkan files (`ro,nosuid,nodev,bind`).
+//! With a hook ([`CdiEdits::with_hook`]) the edits carry `nvidia-ctk`'s `createContainer`
+//! hooks: `create-symlinks` (`libcuda.so`, `libGLX_indirect.so.0`,
+//! `libnvidia-opticalflow.so`, the sonames and `.so` links the host has,
+//! `gbm/nvidia-drm_gbm.so`, ...), `enable-cuda-compat --host-driver-version=<version>`,
+//! `update-ldcache` with the library folders, `disable-device-node-modification`, and the
+//! environment variable `NVIDIA_CTK_LIBCUDA_DIR`.
+//!
+//! **Verified on a fake driver root only**: the rules are `nvidia-ctk`'s as read from its
+//! source, and `tests/cdi.rs` checks them on a driver root laid out from the file list of a
+//! real 550 driver install (`tests/fixture/driver-550.txt`); no spec of this module has been
+//! compared with `nvidia-ctk cdi generate` on a GPU node yet.
 //!
 //! # Device nodes
 //!
 //! Every device node is written **fully specified**: `type: c`, `major` and `minor`, as read
 //! from the host's node (through [`Host::device_node`]) or, when the node does not exist on
 //! the host yet, from the major the kernel lists in `/proc/devices` (`nvidia-frontend`,
-//! `nvidia-uvm`, `nvidia-caps`, `vfio`). A fully specified node never makes the container
-//! runtime look at the host (CDI fills only missing fields from the host node), so the
-//! edits are valid on any machine: with the mock backend and a fake host tree whose
+//! `nvidia-uvm`, `nvidia-caps`, `vfio`) or, for DRM nodes, from sysfs
+//! (`/sys/bus/pci/devices/<bdf>/drm/card<N>/dev`). A fully specified node never makes the
+//! container runtime look at the host (CDI fills only missing fields from the host node), so
+//! the edits are valid on any machine: with the mock backend and a fake host tree whose
 //! `/dev/nvidia0` is a stand-in, the container runtime on a test node without GPUs creates
 //! the nodes and starts the container. MIG capability nodes are created in the container the
 //! same way, as upstream does.
@@ -40,48 +63,50 @@
 //! on the node (`/`, or `/run/nvidia/driver` for the driver container) and
 //! `--container-driver-root` is where the plugin sees it (`/driver-root`). [`DriverRoot`]
 //! holds both: files are looked up through a [`Host`] rooted at the container driver root,
-//! and mount sources are written as node paths (the container runtime runs on the node).
+//! every symbolic link resolved inside that root (an absolute link of a driver container's
+//! tree never leads to the node's own `/usr`), and mount sources are written as node paths
+//! (the container runtime runs on the node).
 //!
 //! # Hooks
 //!
-//! With a hook binary ([`CdiEdits::with_hook`], upstream's `--nvidia-cdi-hook-path`) the
-//! edits carry upstream's `createContainer` hooks. When the configured binary does not exist
-//! on the host, prepare fails with [`CdiError::HookMissing`] rather than handing out a spec
-//! whose every container would fail to start. Without a hook binary, no hooks are written
-//! and each library is mounted a second time at its soname (`libcuda.so.1`), which is what
-//! `update-ldcache` would have linked: programs that `dlopen` the soname work either way.
+//! With a hook binary ([`CdiEdits::with_hook`], upstream's `--nvidia-cdi-hook-path`, by
+//! default the plugin's own copy installed at start, see [`hook`]) the edits carry the hooks
+//! above. When the configured binary does not exist on the node (as the plugin sees the node,
+//! [`CdiHook`]), prepare fails with [`CdiError::HookMissing`] rather than handing out a spec
+//! whose every container would fail to start. Without a hook binary, no hooks are written and
+//! each link the hook would have made is a mount of the library instead, and each library is
+//! mounted a second time at its soname (`libcuda.so.1`), which is what `update-ldcache` would
+//! have linked: programs that `dlopen` the soname work either way, but an image whose loader
+//! does not search the host's library folder (a UBI image on an Ubuntu node) finds nothing
+//! without `update-ldcache`, and the `/dev/dri/by-path` links are missing.
+
+pub mod discover;
+pub mod hook;
+pub mod ldcache;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use dra_sdk::cdi::{ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, Mount};
 
+use self::discover::{DriverFiles, FileMount, MountKind};
+pub use self::hook::CdiHook;
 use crate::config::IommuBackendPolicy;
 use crate::host::{self, DeviceNodeKind, Host, HostError};
 
-/// Options of every driver mount, as NVIDIA's generated specs use them.
+/// Options of every read-only driver mount, as NVIDIA's generated specs use them.
 pub const MOUNT_OPTIONS: [&str; 5] = ["ro", "nosuid", "nodev", "rbind", "rprivate"];
 
-/// The driver libraries mounted into containers, with the soname a program loads them by
-/// (`None`: the soname is the full versioned name).
-pub const DRIVER_LIBRARIES: [(&str, Option<&str>); 11] = [
-    ("libcuda.so", Some("libcuda.so.1")),
-    ("libcudadebugger.so", Some("libcudadebugger.so.1")),
-    ("libnvidia-ml.so", Some("libnvidia-ml.so.1")),
-    (
-        "libnvidia-ptxjitcompiler.so",
-        Some("libnvidia-ptxjitcompiler.so.1"),
-    ),
-    ("libnvidia-nvvm.so", Some("libnvidia-nvvm.so.4")),
-    ("libnvidia-opencl.so", Some("libnvidia-opencl.so.1")),
-    ("libnvidia-cfg.so", Some("libnvidia-cfg.so.1")),
-    ("libnvidia-allocator.so", Some("libnvidia-allocator.so.1")),
-    ("libnvidia-pkcs11.so", None),
-    ("libnvidia-gpucomp.so", None),
-    ("libnvidia-nscq.so", Some("libnvidia-nscq.so.2")),
-];
+/// Options of the Vulkan files mounted under `/etc`, as `nvidia-ctk` writes them.
+pub const VULKAN_MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
-/// Directories searched for libraries, relative to the driver root, in order.
+/// Options of the IPC socket mounts, as `nvidia-ctk` writes them: writable (connecting to a
+/// socket writes to it), not executable.
+pub const SOCKET_MOUNT_OPTIONS: [&str; 5] = ["nosuid", "nodev", "rbind", "rprivate", "noexec"];
+
+/// Directories searched for `libnvidia-ml.so.1` and `libcuda.so.1` by the sharing code (MPS
+/// daemons), relative to the driver root, in order. Container edits use
+/// [`discover::LIBRARY_SEARCH_DIRS`] and the loader cache.
 pub const LIBRARY_DIRS: [&str; 7] = [
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib/aarch64-linux-gnu",
@@ -92,20 +117,15 @@ pub const LIBRARY_DIRS: [&str; 7] = [
     "/usr/lib",
 ];
 
-/// The driver binaries mounted into containers.
-pub const DRIVER_BINARIES: [&str; 5] = [
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-];
-
-/// Directories searched for binaries, relative to the driver root, in order.
+/// Directories searched for the MPS binaries by the sharing code, relative to the driver
+/// root, in order. Container edits use [`discover::BINARY_SEARCH_DIRS`].
 pub const BINARY_DIRS: [&str; 4] = ["/usr/bin", "/usr/sbin", "/bin", "/sbin"];
 
 /// Minor of `/dev/nvidiactl` under the GPU major.
 pub const NVIDIACTL_MINOR: u32 = 255;
+
+/// Where the `nvidia-modeset` module's node is.
+pub const NVIDIA_MODESET: &str = "/dev/nvidia-modeset";
 
 /// Why container edits could not be computed.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +183,11 @@ impl DriverRoot {
         self.node_path.join(relative.trim_start_matches('/'))
     }
 
+    /// The driver root's files as the plugin reads them.
+    pub fn files(&self) -> &dyn Host {
+        self.files.as_ref()
+    }
+
     fn exists(&self, relative: &str) -> Result<bool, HostError> {
         self.files.exists(Path::new(relative))
     }
@@ -195,17 +220,19 @@ impl DriverRoot {
         Ok(None)
     }
 
-    /// A bind mount of a file relative to the driver root, at the same path in the container.
-    fn mount(&self, relative: &str) -> Mount {
-        self.mount_at(relative, relative)
+    /// A bind mount of `source` (relative to the driver root) at `container_path`.
+    fn mount_at(&self, source: &str, container_path: &str, options: &[&str]) -> Mount {
+        Mount::new(self.node_path_of(source).to_string_lossy(), container_path)
+            .options(options.iter().copied())
     }
 
-    fn mount_at(&self, relative: &str, container_path: &str) -> Mount {
-        Mount::new(
-            self.node_path_of(relative).to_string_lossy(),
-            container_path,
-        )
-        .options(MOUNT_OPTIONS)
+    fn file_mount(&self, file: &FileMount) -> Mount {
+        let options: &[&str] = match file.kind {
+            MountKind::File => &MOUNT_OPTIONS,
+            MountKind::Vulkan => &VULKAN_MOUNT_OPTIONS,
+            MountKind::Socket => &SOCKET_MOUNT_OPTIONS,
+        };
+        self.mount_at(&file.source, &file.container, options)
     }
 }
 
@@ -214,7 +241,7 @@ impl DriverRoot {
 pub struct CdiEdits {
     host: Arc<dyn Host>,
     driver_root: DriverRoot,
-    hook: Option<PathBuf>,
+    hook: Option<CdiHook>,
 }
 
 impl CdiEdits {
@@ -227,10 +254,16 @@ impl CdiEdits {
         }
     }
 
-    /// Adds upstream's `nvidia-cdi-hook` hooks, run from `path` on the host.
-    pub fn with_hook(mut self, path: impl Into<PathBuf>) -> Self {
-        self.hook = Some(path.into());
+    /// Adds upstream's `nvidia-cdi-hook` hooks, run from `hook` on the node (a path, checked
+    /// through [`Self::host`], or a [`CdiHook`] that says where to check it).
+    pub fn with_hook(mut self, hook: impl Into<CdiHook>) -> Self {
+        self.hook = Some(hook.into());
         self
+    }
+
+    /// The hook, when the edits carry hooks.
+    pub fn hook(&self) -> Option<&CdiHook> {
+        self.hook.as_ref()
     }
 
     /// The host the edits are computed from.
@@ -243,10 +276,11 @@ impl CdiEdits {
         &self.driver_root
     }
 
-    /// The edits shared by the GPU and MIG devices of a claim: control and UVM nodes, driver
-    /// files and hooks. `driver_version` is the kernel driver's (`580.126.20`), which is the
-    /// suffix of the driver's libraries.
+    /// The edits shared by the GPU and MIG devices of a claim: control, UVM and modeset
+    /// nodes, driver files and hooks. `driver_version` is the kernel driver's
+    /// (`580.126.20`), which is the suffix of the driver's libraries.
     pub fn common(&self, driver_version: &str) -> Result<ContainerEdits, CdiError> {
+        let hook = self.checked_hook()?;
         let mut edits = ContainerEdits::new().env("NVIDIA_VISIBLE_DEVICES", "void");
         let devices = ProcDevices::read(self.host.as_ref())?;
         if let Some(node) =
@@ -259,100 +293,207 @@ impl CdiEdits {
                 edits = edits.device_node(node);
             }
         }
-
-        let libraries = self.libraries(driver_version)?;
-        if libraries.is_empty() {
-            tracing::warn!(
-                driver_root = %self.driver_root.node_path.display(),
-                driver_version,
-                "no NVIDIA driver libraries found under the driver root; containers get device nodes only"
-            );
+        // Only when the module made it: a compute node without nvidia-modeset has none.
+        if let Some(node) = self.optional_node(NVIDIA_MODESET, None, 0)? {
+            edits = edits.device_node(node);
         }
-        let mut library_dirs: Vec<&str> = Vec::new();
-        for library in &libraries {
-            edits = edits.mount(self.driver_root.mount(&library.path));
-            if !library_dirs.contains(&library.dir) {
-                library_dirs.push(library.dir);
+
+        let files = discover::discover(&self.driver_root, self.host.as_ref(), driver_version)?;
+        if files.library_dir.is_none() {
+            match &files.other_version {
+                Some(other) => tracing::warn!(
+                    driver_root = %self.driver_root.node_path.display(),
+                    driver_version,
+                    libraries_version = %other,
+                    "the driver root's libraries are of another version than the kernel \
+                     driver (upgraded without a reboot?); containers get no driver libraries"
+                ),
+                None => tracing::warn!(
+                    driver_root = %self.driver_root.node_path.display(),
+                    driver_version,
+                    "no libcuda.so or libnvidia-ml.so of the driver's version under the driver \
+                     root; containers get no driver libraries"
+                ),
             }
         }
-        for binary in self.binaries()? {
-            edits = edits.mount(self.driver_root.mount(&binary));
+        let mut container_paths: Vec<&str> = Vec::new();
+        for file in files.mounts() {
+            edits = edits.mount(self.driver_root.file_mount(file));
+            container_paths.push(&file.container);
         }
-        let firmware = format!("/lib/firmware/nvidia/{driver_version}");
-        if self.driver_root.exists(&firmware)? {
-            edits = edits.mount(self.driver_root.mount(&firmware));
-        }
-
-        match &self.hook {
+        match hook {
             Some(hook) => {
-                if !self.host.exists(hook)? {
-                    return Err(CdiError::HookMissing { path: hook.clone() });
+                if let Some(dir) = &files.library_dir {
+                    edits = edits.env("NVIDIA_CTK_LIBCUDA_DIR", dir);
                 }
-                edits = self.hooks(edits, hook, driver_version, &libraries, &library_dirs);
+                edits = self.hooks(edits, hook, driver_version, &files);
             }
             None => {
-                for library in &libraries {
-                    if let Some(soname) = library.soname {
-                        let container_path = format!("{}/{soname}", library.dir);
-                        edits =
-                            edits.mount(self.driver_root.mount_at(&library.path, &container_path));
+                // What the hooks would have linked, as mounts of the files the links lead to.
+                for link in &files.links {
+                    if container_paths.contains(&link.path.as_str()) {
+                        continue;
                     }
+                    container_paths.push(&link.path);
+                    edits = edits.mount(self.driver_root.mount_at(
+                        &link.source,
+                        &link.path,
+                        &MOUNT_OPTIONS,
+                    ));
                 }
             }
         }
         Ok(edits)
     }
 
+    /// The hook, after checking that it exists where the plugin can tell.
+    fn checked_hook(&self) -> Result<Option<&CdiHook>, CdiError> {
+        let Some(hook) = &self.hook else {
+            return Ok(None);
+        };
+        if hook.exists(self.host.as_ref())? == Some(false) {
+            return Err(CdiError::HookMissing {
+                path: hook.path().to_owned(),
+            });
+        }
+        Ok(Some(hook))
+    }
+
     fn hooks(
         &self,
         mut edits: ContainerEdits,
-        hook: &Path,
+        hook: &CdiHook,
         driver_version: &str,
-        libraries: &[Library],
-        library_dirs: &[&str],
+        files: &DriverFiles,
     ) -> ContainerEdits {
-        let path = hook.to_string_lossy().into_owned();
-        let argv0 = hook
-            .file_name()
-            .map(|name| name.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "nvidia-cdi-hook".to_owned());
-        let new_hook = |subcommand: &str| {
-            Hook::new(HookName::CreateContainer, &path)
-                .arg(&argv0)
-                .arg(subcommand)
-                .env("NVIDIA_CTK_DEBUG", "false")
-        };
-        if let Some(cuda) = libraries.iter().find(|l| l.name == "libcuda.so") {
-            edits = edits.hook(
-                new_hook("create-symlinks")
-                    .arg("--link")
-                    .arg(format!("libcuda.so.1::{}/libcuda.so", cuda.dir)),
-            );
+        let links: Vec<String> = files
+            .links
+            .iter()
+            .filter(|link| link.by_hook)
+            .map(discover::Link::argument)
+            .collect();
+        if !links.is_empty() {
+            edits = edits.hook(create_symlinks(hook, &links));
         }
         edits = edits.hook(
-            new_hook("enable-cuda-compat").arg(format!("--host-driver-version={driver_version}")),
+            hook_command(hook, "enable-cuda-compat")
+                .arg(format!("--host-driver-version={driver_version}")),
         );
-        if !library_dirs.is_empty() {
-            let mut update = new_hook("update-ldcache");
-            for dir in library_dirs {
-                update = update.arg("--folder").arg(*dir);
+        let folders = files.library_folders();
+        if !folders.is_empty() {
+            let mut update = hook_command(hook, "update-ldcache");
+            for folder in folders {
+                update = update.arg("--folder").arg(folder);
             }
             edits = edits.hook(update);
         }
-        edits.hook(new_hook("disable-device-node-modification"))
+        edits.hook(hook_command(hook, "disable-device-node-modification"))
     }
 
-    /// The edits of a full GPU: its `/dev/nvidia<minor>`.
-    pub fn gpu(&self, minor: u32) -> Result<ContainerEdits, CdiError> {
+    /// The edits of a full GPU: its `/dev/nvidia<minor>`, the DRM nodes sysfs lists for
+    /// its PCI function `bus_id`, and with a hook the `/dev/dri/by-path` links to them.
+    pub fn gpu(&self, minor: u32, bus_id: &str) -> Result<ContainerEdits, CdiError> {
+        let mut edits = ContainerEdits::new().device_node(self.gpu_node(minor)?);
+        let drm = self.drm_nodes(bus_id)?;
+        for (_, node) in &drm {
+            edits = edits.device_node(node.clone());
+        }
+        if let Some(hook) = &self.hook {
+            let links = self.drm_links(bus_id, &drm)?;
+            if !links.is_empty() {
+                edits = edits.hook(create_symlinks(hook, &links));
+            }
+        }
+        Ok(edits)
+    }
+
+    fn gpu_node(&self, minor: u32) -> Result<DeviceNode, CdiError> {
         let devices = ProcDevices::read(self.host.as_ref())?;
-        let node = self.required_node(
+        self.required_node(
             &format!("/dev/nvidia{minor}"),
             devices.gpu_major(),
             minor,
             "nvidia-frontend",
             "is the NVIDIA kernel module loaded (nvidia-smi, nvidia-modprobe)?",
-        )?;
-        Ok(ContainerEdits::new().device_node(node))
+        )
+    }
+
+    /// `/dev/dri/card*` then `/dev/dri/renderD*` of the PCI function, as
+    /// `/sys/bus/pci/devices/<bdf>/drm/` names them: numbers from the host's node, else from
+    /// sysfs's `dev` file; a name with neither is left out.
+    fn drm_nodes(&self, bus_id: &str) -> Result<Vec<(String, DeviceNode)>, HostError> {
+        let drm = host::facts::pci_device_dir(bus_id).join("drm");
+        let names = match self.host.read_dir(&drm) {
+            Ok(names) => names,
+            Err(error) if error.is_not_found() => return Ok(Vec::new()),
+            Err(error) => return Err(error),
+        };
+        let mut nodes = Vec::new();
+        for prefix in ["card", "renderD"] {
+            for name in names.iter().filter(|name| {
+                name.strip_prefix(prefix)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            }) {
+                let path = format!("/dev/dri/{name}");
+                let numbers = match self.host.device_node(Path::new(&path))? {
+                    Some(node) if node.kind == DeviceNodeKind::Char => {
+                        Some((node.major, node.minor))
+                    }
+                    _ => self.sysfs_dev(&drm.join(name).join("dev"))?,
+                };
+                let Some((major, minor)) = numbers else {
+                    tracing::debug!(node = %path, "DRM node without numbers; left out");
+                    continue;
+                };
+                nodes.push((
+                    path.clone(),
+                    DeviceNode::new(path)
+                        .device_type(DeviceNodeType::Char)
+                        .major(i64::from(major))
+                        .minor(i64::from(minor)),
+                ));
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// `major:minor` from a sysfs `dev` file; `None` when absent or malformed.
+    fn sysfs_dev(&self, path: &Path) -> Result<Option<(u32, u32)>, HostError> {
+        let text = match self.host.read_to_string(path) {
+            Ok(text) => text,
+            Err(error) if error.is_not_found() => return Ok(None),
+            Err(error) => return Err(error),
+        };
+        Ok(text
+            .trim()
+            .split_once(':')
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?))))
+    }
+
+    /// `<target>::/dev/dri/by-path/pci-<bdf>-{card,render}` for the host's by-path links
+    /// that lead to one of `nodes`.
+    fn drm_links(
+        &self,
+        bus_id: &str,
+        nodes: &[(String, DeviceNode)],
+    ) -> Result<Vec<String>, HostError> {
+        let mut links = Vec::new();
+        for kind in ["card", "render"] {
+            let link = format!("/dev/dri/by-path/pci-{bus_id}-{kind}");
+            let target = match self.host.read_link(Path::new(&link)) {
+                Ok(target) => target.to_string_lossy().into_owned(),
+                Err(_) => continue, // no such link (or not a link): nothing to recreate
+            };
+            let node = if target.starts_with('/') {
+                target.clone()
+            } else {
+                normalize(&format!("/dev/dri/by-path/{target}"))
+            };
+            if nodes.iter().any(|(path, _)| *path == node) {
+                links.push(format!("{target}::{link}"));
+            }
+        }
+        Ok(links)
     }
 
     /// The edits of a MIG device: the parent GPU's node and the capability nodes of its GPU
@@ -364,7 +505,7 @@ impl CdiEdits {
         gpu_instance: u32,
         compute_instance: u32,
     ) -> Result<ContainerEdits, CdiError> {
-        let mut edits = self.gpu(parent_minor)?;
+        let mut edits = ContainerEdits::new().device_node(self.gpu_node(parent_minor)?);
         let devices = ProcDevices::read(self.host.as_ref())?;
         for ci in [None, Some(compute_instance)] {
             let minor = host::facts::mig_capability_minor(
@@ -478,51 +619,49 @@ impl CdiEdits {
                 hint,
             })
     }
+}
 
-    fn libraries(&self, driver_version: &str) -> Result<Vec<Library>, HostError> {
-        let mut found = Vec::new();
-        for (name, soname) in DRIVER_LIBRARIES {
-            for dir in LIBRARY_DIRS {
-                let path = format!("{dir}/{name}.{driver_version}");
-                if self.driver_root.exists(&path)? {
-                    found.push(Library {
-                        name,
-                        soname,
-                        dir,
-                        path,
-                    });
-                    break;
-                }
-            }
-        }
-        Ok(found)
-    }
+/// A `createContainer` hook running `nvidia-cdi-hook <subcommand>`, as `nvidia-ctk` writes
+/// them (argv\[0\] the binary's name, `NVIDIA_CTK_DEBUG=false`).
+fn hook_command(hook: &CdiHook, subcommand: &str) -> Hook {
+    let path = hook.path().to_string_lossy().into_owned();
+    let argv0 = hook
+        .path()
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| hook::HOOK_FILE_NAME.to_owned());
+    Hook::new(HookName::CreateContainer, path)
+        .arg(argv0)
+        .arg(subcommand)
+        .env("NVIDIA_CTK_DEBUG", "false")
+}
 
-    fn binaries(&self) -> Result<Vec<String>, HostError> {
-        let mut found = Vec::new();
-        for name in DRIVER_BINARIES {
-            for dir in BINARY_DIRS {
-                let path = format!("{dir}/{name}");
-                if self.driver_root.exists(&path)? {
-                    found.push(path);
-                    break;
-                }
-            }
-        }
-        Ok(found)
+fn create_symlinks(hook: &CdiHook, links: &[String]) -> Hook {
+    let mut hook = hook_command(hook, "create-symlinks");
+    for link in links {
+        hook = hook.arg("--link").arg(link);
     }
+    hook
+}
+
+/// `path` with `.` and `..` components folded (`/dev/dri/by-path/../card1` →
+/// `/dev/dri/card1`).
+fn normalize(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for component in path.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            other => parts.push(other),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// Minor of `/dev/vfio/vfio` under the misc major (10), fixed by the kernel.
 pub const VFIO_MISC_MINOR: u32 = 196;
-
-struct Library {
-    name: &'static str,
-    soname: Option<&'static str>,
-    dir: &'static str,
-    /// Relative to the driver root.
-    path: String,
-}
 
 /// The character device majors of `/proc/devices`.
 #[derive(Debug, Default)]
@@ -576,6 +715,13 @@ impl ProcDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn by_path_targets_normalize_to_the_node_they_name() {
+        assert_eq!(normalize("/dev/dri/by-path/../card1"), "/dev/dri/card1");
+        assert_eq!(normalize("/dev/dri/./by-path//x"), "/dev/dri/by-path/x");
+        assert_eq!(normalize("/../../x"), "/x");
+    }
 
     #[test]
     fn proc_devices_lists_character_majors_only() {

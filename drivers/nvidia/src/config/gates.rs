@@ -25,7 +25,9 @@ pub enum FeatureGate {
     ComputeDomainCliques,
     /// `CrashOnNVLinkFabricErrors` (Beta, on): ComputeDomains only.
     CrashOnNvLinkFabricErrors,
-    /// `DeviceMetadata` (Alpha, off): KEP-5304 metadata of VFIO devices.
+    /// `DeviceMetadata` (Alpha, off): KEP-5304 device metadata files, written by the SDK for
+    /// every prepared claim, from which KubeVirt reads a VFIO device's PCI address
+    /// (`resource.kubernetes.io/pciBusID`). Needs `PassthroughSupport`.
     DeviceMetadata,
     /// `DRAListTypeAttributes` (Alpha, off): list-typed attributes.
     DraListTypeAttributes,

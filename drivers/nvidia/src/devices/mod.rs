@@ -29,7 +29,10 @@
 //!   `productName`, `brand`, `architecture`, versions, PCI, NUMA and addressing attributes;
 //!   capacities `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`,
 //!   `ofaEngines`, `memory` (the profile's memory, MiB × 2^20) and `memorySlice<i>` = 1 for
-//!   each memory slice of its placement.
+//!   each memory slice of its placement. The engine capacities are usable from the claim's
+//!   container: its CDI spec mounts every library of the driver's version, the video ones
+//!   (`libnvcuvid`, `libnvidia-encode`, `libnvidia-opticalflow`) included
+//!   ([`crate::cdi`], `docs/cdi.md`).
 //! * VFIO: `type`, `uuid` (the GPU's, when known), `deviceID` (`0x20b2`), `vendorID`
 //!   (`0x10de`), `productName`, `iommuFDEnabled` (`/dev/iommu` exists),
 //!   `resource.kubernetes.io/{pciBusID,pcieRoot,numaNode}`; capacity `addressableMemory`.

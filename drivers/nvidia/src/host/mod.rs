@@ -2,8 +2,8 @@
 //!
 //! The driver reads `/proc/driver/nvidia/...` (MIG capability minors, per-GPU information),
 //! sysfs (`/sys/bus/pci/devices/<bdf>/{iommu_group,driver,driver_override,numa_node}`), checks
-//! device nodes, writes sysfs files to rebind a GPU to a VFIO driver, and runs a few commands
-//! (`nvidia-smi`, `modprobe`, `fuser`). All of it goes through a [`Host`], so that:
+//! device nodes, writes sysfs files to rebind a GPU to a VFIO driver, runs a few commands
+//! (`nvidia-smi`, `modprobe`) and mounts a tmpfs (MPS). All of it goes through a [`Host`], so that:
 //!
 //! * [`SystemHost`] does it on the real machine, under a host root (`/`, or `/host-root`
 //!   when the plugin runs in a container with the host's `/` mounted there);
@@ -34,6 +34,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+pub mod chroot;
 mod fake;
 pub mod process;
 mod rooted;
@@ -94,6 +95,19 @@ pub trait Host: Send + Sync + fmt::Debug {
     /// Sends SIGTERM (SIGKILL with `force`) to a process this plugin started. A process that
     /// is gone already is not an error.
     fn signal(&self, process: &process::ProcessId, force: bool) -> Result<(), HostError>;
+
+    /// Mounts a new tmpfs of `size` (`65536k`, tmpfs's `size=` syntax) at `target`, with
+    /// `nosuid`, `nodev` and `noexec`, by the `mount(2)` system call: the plugin's image has
+    /// no `mount` program. `target` is a path in the plugin's own filesystem, not a host path:
+    /// the MPS directories live in the kubelet's plugins directory, which the chart mounts at
+    /// the same path, with bidirectional propagation so that the node (and the pods the
+    /// kubelet starts there) see the tmpfs too.
+    fn mount_tmpfs(&self, target: &Path, size: &str) -> Result<(), HostError>;
+
+    /// Unmounts what is mounted at `target` (a path in the plugin's own filesystem, as for
+    /// [`Host::mount_tmpfs`]) by `umount2(2)`. Returns `false` when nothing was mounted there
+    /// or `target` is gone, which an interrupted earlier unmount leaves behind.
+    fn unmount(&self, target: &Path) -> Result<bool, HostError>;
 }
 
 /// A character or block device node.
@@ -133,8 +147,8 @@ pub struct HostCommand {
     pub program: String,
     /// Its arguments.
     pub args: Vec<String>,
-    /// Run it with the host root as `/` (`chroot <root> program args…`), as upstream does for
-    /// `modprobe` and `fuser` when the plugin runs in a container.
+    /// Run it with the host root as `/`, as upstream does for `modprobe` when the plugin runs
+    /// in a container ([`SystemHost`] does so without a `chroot` program: see [`chroot`]).
     pub chroot: bool,
     /// Environment variables set for it, on top of the plugin's.
     pub env: Vec<(String, String)>,
@@ -256,6 +270,16 @@ pub enum HostError {
         path: PathBuf,
         /// What is wrong.
         reason: String,
+    },
+    /// A mount or unmount system call failed.
+    #[error("{operation} {path}: {source}")]
+    Mount {
+        /// `mounting a tmpfs on` or `unmounting`.
+        operation: &'static str,
+        /// The mount point, in the plugin's filesystem.
+        path: PathBuf,
+        /// The error the kernel returned.
+        source: std::io::Error,
     },
     /// A command could not be started.
     #[error("running `{command}`: {reason}")]

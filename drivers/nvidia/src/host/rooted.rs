@@ -29,6 +29,18 @@ pub enum HostEvent {
         /// SIGKILL rather than SIGTERM.
         force: bool,
     },
+    /// A tmpfs mounted ([`Host::mount_tmpfs`]).
+    MountTmpfs {
+        /// The mount point (a plugin path).
+        target: PathBuf,
+        /// Its size, as given.
+        size: String,
+    },
+    /// An unmount ([`Host::unmount`]), whether or not something was mounted there.
+    Unmount {
+        /// The mount point (a plugin path).
+        target: PathBuf,
+    },
 }
 
 impl HostEvent {
@@ -70,6 +82,8 @@ struct State {
     answers: Vec<(String, Answer)>,
     /// Program → the command that really runs when the driver spawns it.
     stand_ins: Vec<(String, HostCommand)>,
+    /// Where tmpfs is mounted now (only recorded: mounting needs privileges).
+    mounts: std::collections::BTreeSet<PathBuf>,
 }
 
 /// A host whose filesystem is a directory (a temporary one in tests). Clones share state.
@@ -89,6 +103,8 @@ struct State {
 ///   [`RootedHost::stand_in`] (a `sleep`, a small shell script) runs instead of the program,
 ///   with the requested command's environment, so that tests can check what a restarted
 ///   plugin finds. Signals are real too, and recorded.
+/// * tmpfs mounts are recorded, not made (that needs privileges): [`RootedHost::mounted`]
+///   tells what is mounted; the mount point must exist, as for `mount(2)`.
 #[derive(Clone, Debug)]
 pub struct RootedHost {
     root: PathBuf,
@@ -154,6 +170,11 @@ impl RootedHost {
     /// Everything written and run so far.
     pub fn events(&self) -> Vec<HostEvent> {
         self.state().events.clone()
+    }
+
+    /// The mount points of the tmpfs mounted now.
+    pub fn mounted(&self) -> Vec<PathBuf> {
+        self.state().mounts.iter().cloned().collect()
     }
 
     /// Forgets the recorded events.
@@ -372,6 +393,38 @@ impl Host for RootedHost {
             force,
         });
         super::process::signal(process, force)
+    }
+
+    fn mount_tmpfs(&self, target: &Path, size: &str) -> Result<(), HostError> {
+        let mut state = self.state();
+        state.events.push(HostEvent::MountTmpfs {
+            target: target.to_owned(),
+            size: size.to_owned(),
+        });
+        let errno = |code| HostError::Mount {
+            operation: "mounting a tmpfs on",
+            path: target.to_owned(),
+            source: std::io::Error::from_raw_os_error(code),
+        };
+        const ENOENT: i32 = 2;
+        const EBUSY: i32 = 16;
+        if !target.is_dir() {
+            return Err(errno(ENOENT));
+        }
+        // Mounting twice on one point works in Linux (the second hides the first); the
+        // driver never means to, so the double refuses it.
+        if !state.mounts.insert(target.to_owned()) {
+            return Err(errno(EBUSY));
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<bool, HostError> {
+        let mut state = self.state();
+        state.events.push(HostEvent::Unmount {
+            target: target.to_owned(),
+        });
+        Ok(state.mounts.remove(target))
     }
 }
 

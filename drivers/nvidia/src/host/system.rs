@@ -4,14 +4,19 @@ use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use super::chroot::{self, ChrootLauncher};
 use super::{CommandOutput, DeviceNode, DeviceNodeKind, Host, HostCommand, HostError, ProcessId};
 
 /// The machine the plugin runs on, with host paths resolved under `root`: `/` for a plugin
 /// that sees the host's filesystem, `/host-root` (upstream's `--host-root`) for one in a
 /// container with the host's `/` mounted there.
+///
+/// Nothing here runs a program the plugin's distroless image lacks: tmpfs mounts are system
+/// calls, and chrooted commands re-execute the plugin's own binary ([`super::chroot`]).
 #[derive(Clone, Debug)]
 pub struct SystemHost {
     root: PathBuf,
+    chroot_launcher: ChrootLauncher,
 }
 
 impl SystemHost {
@@ -22,7 +27,17 @@ impl SystemHost {
 
     /// The host seen at `root`.
     pub fn rooted(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            chroot_launcher: ChrootLauncher::current_exe(),
+        }
+    }
+
+    /// The same host, starting chrooted commands with `launcher` instead of this process's
+    /// own binary (for a binary whose `main` does not call [`chroot::exec_if_requested`]).
+    pub fn with_chroot_launcher(mut self, launcher: ChrootLauncher) -> Self {
+        self.chroot_launcher = launcher;
+        self
     }
 }
 
@@ -112,6 +127,13 @@ impl Host for SystemHost {
             // Dropping it closes the pipe: the command sees the end of its input.
         }
         let output = child.wait_with_output().map_err(failed)?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if let Some(reason) = chroot::launcher_failure(output.status.code(), &stderr) {
+            return Err(HostError::Command {
+                command: command.to_string(),
+                reason,
+            });
+        }
         Ok(CommandOutput {
             status: output.status.code(),
             stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
@@ -128,6 +150,40 @@ impl Host for SystemHost {
     fn signal(&self, process: &ProcessId, force: bool) -> Result<(), HostError> {
         super::process::signal(process, force)
     }
+
+    fn mount_tmpfs(&self, target: &Path, size: &str) -> Result<(), HostError> {
+        use rustix::mount::{MountFlags, mount};
+        tracing::debug!(target = %target.display(), size, "mounting a tmpfs");
+        let failed = |source: std::io::Error| HostError::Mount {
+            operation: "mounting a tmpfs on",
+            path: target.to_owned(),
+            source,
+        };
+        let data = std::ffi::CString::new(format!("size={size}")).map_err(|_| {
+            failed(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("the size {size:?} holds a NUL byte"),
+            ))
+        })?;
+        let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
+        mount("tmpfs", target, "tmpfs", flags, data.as_c_str())
+            .map_err(|errno| failed(errno.into()))
+    }
+
+    fn unmount(&self, target: &Path) -> Result<bool, HostError> {
+        use rustix::io::Errno;
+        use rustix::mount::{UnmountFlags, unmount};
+        match unmount(target, UnmountFlags::empty()) {
+            Ok(()) => Ok(true),
+            // EINVAL: not a mount point; ENOENT: the directory is gone.
+            Err(Errno::INVAL | Errno::NOENT) => Ok(false),
+            Err(errno) => Err(HostError::Mount {
+                operation: "unmounting",
+                path: target.to_owned(),
+                source: errno.into(),
+            }),
+        }
+    }
 }
 
 impl SystemHost {
@@ -135,12 +191,8 @@ impl SystemHost {
     /// and the root is not `/`.
     fn command_line(&self, command: &HostCommand) -> (String, Vec<String>) {
         if command.chroot && self.root != Path::new("/") {
-            let mut args = vec![
-                self.root.to_string_lossy().into_owned(),
-                command.program.clone(),
-            ];
-            args.extend(command.args.iter().cloned());
-            ("chroot".to_owned(), args)
+            self.chroot_launcher
+                .command_line(&self.root, &command.program, &command.args)
         } else {
             (command.program.clone(), command.args.clone())
         }

@@ -6,8 +6,9 @@
 //!    GPU; each key of `defaultPerDevicePinnedMemoryLimit` must be a UUID of the group or an
 //!    index into it. Nothing is touched before these pass.
 //! 2. Directories `<mps root>/<id>/{pipe,log,shm}` (`id` = `<claim UID>-<group index>`); a
-//!    tmpfs on `shm` (`mount -t tmpfs -o rw,nosuid,nodev,noexec,size=<half of MemTotal>k`,
-//!    `65536k` when `/proc/meminfo` cannot be read), as upstream.
+//!    tmpfs on `shm` (`nosuid,nodev,noexec,size=<half of MemTotal>k`, `65536k` when
+//!    `/proc/meminfo` cannot be read, as upstream), mounted by the `mount(2)` system call
+//!    ([`Host::mount_tmpfs`](crate::host::Host::mount_tmpfs)): the image has no `mount`.
 //! 3. `nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS` for each full GPU (MIG devices: their
 //!    parent may serve other claims, so its compute mode is left alone).
 //! 4. `nvidia-cuda-mps-control -f [-M]` with `CUDA_VISIBLE_DEVICES=<uuids>`,
@@ -72,7 +73,8 @@ use crate::host::{HostCommand, ProcessId};
 pub mod deployment;
 
 pub use deployment::{
-    DaemonCommand, DeploymentRef, DeploymentRunner, MpsDeploymentConfig, OwnedDeployment,
+    DaemonCommand, DeploymentRef, DeploymentRunner, ImagePullPolicy, MpsDeploymentConfig,
+    OwnedDeployment,
 };
 
 /// Where containers find the pipe directory (upstream's path).
@@ -353,18 +355,9 @@ fn start_steps(
     for dir in [record.pipe_dir(), record.log_dir(), record.shm_dir()] {
         std::fs::create_dir_all(&dir).map_err(|e| SharingError::io("creating", &dir, e))?;
     }
-    let shm = record.shm_dir().display().to_string();
-    tools.run(&HostCommand::new(
-        "mount",
-        [
-            "-t".to_owned(),
-            "tmpfs".to_owned(),
-            "-o".to_owned(),
-            format!("rw,nosuid,nodev,noexec,size={}", shm_size(tools)),
-            "tmpfs".to_owned(),
-            shm,
-        ],
-    ))?;
+    tools
+        .host()
+        .mount_tmpfs(&record.shm_dir(), &shm_size(tools))?;
     record.shm_mounted = true;
     for gpu in devices.iter().filter_map(|d| d.gpu_uuid.as_deref()) {
         tools.run(&tools.nvidia_smi(["-i", gpu, "-c", "EXCLUSIVE_PROCESS"]))?;
@@ -520,14 +513,9 @@ pub fn stop(
     reset_gpus: &[String],
 ) -> Result<(), SharingError> {
     terminate(tools, settings, runner, record)?;
-    if record.shm_mounted && record.shm_dir().exists() {
-        let shm = record.shm_dir().display().to_string();
-        match tools.run(&HostCommand::new("umount", [shm])) {
-            Ok(_) => {}
-            // Unmounted by an earlier, interrupted unprepare.
-            Err(SharingError::CommandFailed { output, .. }) if output.contains("not mounted") => {}
-            Err(error) => return Err(error),
-        }
+    if record.shm_mounted {
+        // `false` (nothing mounted) after an earlier, interrupted unprepare: fine.
+        tools.host().unmount(&record.shm_dir())?;
     }
     for gpu in reset_gpus {
         tools.run(&tools.nvidia_smi(["-i", gpu.as_str(), "-c", "DEFAULT"]))?;

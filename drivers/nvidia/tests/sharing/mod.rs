@@ -287,12 +287,7 @@ fn mps_fixture(profile: &str) -> (Fixture, MpsSettings) {
             ],
         ),
     );
-    for program in [
-        tool(&f, "nvidia-smi"),
-        control,
-        "mount".into(),
-        "umount".into(),
-    ] {
+    for program in [tool(&f, "nvidia-smi"), control] {
         f.host.script(&program, [CommandOutput::ok("")]);
     }
     let settings = MpsSettings {
@@ -353,18 +348,11 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
     assert_eq!(record.devices, ["gpu-2", "gpu-3"]);
     assert_eq!(record.exclusive_gpus, [gpu2.clone(), gpu3.clone()]);
     assert!(record.process.is_running());
-    let mount = HostEvent::Command(HostCommand::new(
-        "mount",
-        [
-            "-t".to_owned(),
-            "tmpfs".into(),
-            "-o".into(),
-            // The fake host has no /proc/meminfo: upstream's fallback size.
-            "rw,nosuid,nodev,noexec,size=65536k".into(),
-            "tmpfs".into(),
-            record.shm_dir().display().to_string(),
-        ],
-    ));
+    let mount = HostEvent::MountTmpfs {
+        target: record.shm_dir(),
+        // The fake host has no /proc/meminfo: upstream's fallback size.
+        size: "65536k".into(),
+    };
     let spawn = HostEvent::Spawn(
         HostCommand::new(tool(&r.f, "nvidia-cuda-mps-control"), ["-f"])
             .env("CUDA_VISIBLE_DEVICES", format!("{gpu2},{gpu3}"))
@@ -490,10 +478,9 @@ async fn an_mps_daemon_serves_its_group_survives_restarts_and_stops_at_unprepare
                 pid: restarted.process.pid,
                 force: false
             },
-            HostEvent::Command(HostCommand::new(
-                "umount",
-                [record.shm_dir().display().to_string()]
-            )),
+            HostEvent::Unmount {
+                target: record.shm_dir()
+            },
             smi(&f, &["-i", &gpu2, "-c", "DEFAULT"]),
             smi(&f, &["-i", &gpu3, "-c", "DEFAULT"]),
         ]
@@ -562,7 +549,7 @@ async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
     assert!(
         events
             .iter()
-            .any(|event| matches!(event, HostEvent::Command(c) if c.program == "umount")),
+            .any(|event| matches!(event, HostEvent::Unmount { .. })),
         "{events:?}"
     );
     assert_eq!(std::fs::read_dir(&settings.root).unwrap().count(), 0);

@@ -16,10 +16,7 @@ const NAMESPACE: &str = "nvidia-dra";
 const IMAGE: &str = "registry.example.com/gpu-kubelet-plugin:1.0";
 
 fn deployment_config() -> MpsDeploymentConfig {
-    MpsDeploymentConfig {
-        namespace: NAMESPACE.into(),
-        image: IMAGE.into(),
-    }
+    MpsDeploymentConfig::new(NAMESPACE, IMAGE)
 }
 
 /// `mps_fixture` with room for the test to play the controllers before readiness runs out.
@@ -212,7 +209,7 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
             limits.clone(),
         ]
     );
-    assert!(matches!(&events[0], HostEvent::Command(c) if c.program == "mount"));
+    assert!(matches!(&events[0], HostEvent::MountTmpfs { .. }));
     let edits = &r.spec(&claim)["devices"][0]["containerEdits"];
     assert_eq!(
         edits["env"],
@@ -277,7 +274,9 @@ async fn an_mps_daemon_deployment_is_created_adopted_recreated_and_deleted() {
     assert_eq!(
         f.host.events(),
         [
-            HostEvent::Command(HostCommand::new("umount", [shm])),
+            HostEvent::Unmount {
+                target: dir.join("shm")
+            },
             smi(&f, &["-i", &gpu2, "-c", "DEFAULT"]),
             smi(&f, &["-i", &gpu3, "-c", "DEFAULT"]),
         ]
@@ -373,7 +372,6 @@ async fn a_daemon_deployment_that_never_gets_ready_is_rolled_back_and_orphans_ar
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn creating_an_existing_daemon_deployment_adopts_it_or_replaces_another_spec() {
-    use dra_driver_nvidia::host::ProcessId;
     use dra_driver_nvidia::sharing::mps::{DaemonCommand, DeploymentRunner};
 
     let cluster = TestCluster::start().await.unwrap();
@@ -382,27 +380,10 @@ async fn creating_an_existing_daemon_deployment_adopts_it_or_replaces_another_sp
             cluster.client(),
             tokio::runtime::Handle::current(),
             NODE_NAME,
-            MpsDeploymentConfig {
-                namespace: NAMESPACE.into(),
-                image: image.into(),
-            },
+            MpsDeploymentConfig::new(NAMESPACE, image),
         )
     };
-    let record = MpsDaemonRecord {
-        id: "uid-0".into(),
-        devices: vec!["gpu-0".into()],
-        uuids: vec!["GPU-a".into()],
-        exclusive_gpus: Vec::new(),
-        process: ProcessId {
-            pid: 0,
-            start_time: 0,
-        },
-        deployment: None,
-        dir: "/mps/uid-0".into(),
-        shm_mounted: true,
-        multi_user: true,
-        control_commands: Vec::new(),
-    };
+    let record = daemon_record(true);
     let daemon = DaemonCommand {
         node_root: "/".into(),
         mps_control: Some("/usr/bin/nvidia-cuda-mps-control".into()),
@@ -450,4 +431,119 @@ async fn creating_an_existing_daemon_deployment_adopts_it_or_replaces_another_sp
     );
     let stats = cluster.api().stats().resource("deployments");
     assert_eq!((stats.create, stats.delete), (4, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_pod_pulls_as_the_plugin_does_and_is_probed_by_the_plugins_binary() {
+    use dra_driver_nvidia::sharing::mps::deployment::{IMAGE_BINARY, PROBE_SUBCOMMAND};
+    use dra_driver_nvidia::sharing::mps::{DaemonCommand, DeploymentRunner, ImagePullPolicy};
+
+    let cluster = TestCluster::start().await.unwrap();
+    let config = MpsDeploymentConfig {
+        image_pull_policy: Some(ImagePullPolicy::Always),
+        image_pull_secrets: vec!["registry-a".into(), "registry-b".into()],
+        service_account_name: Some("gpu-kubelet-plugin".into()),
+        ..MpsDeploymentConfig::new(NAMESPACE, IMAGE)
+    };
+    let runner = DeploymentRunner::new(
+        cluster.client(),
+        tokio::runtime::Handle::current(),
+        NODE_NAME,
+        config,
+    );
+    let record = daemon_record(false);
+    for (chroot, socket) in [
+        // Chrooted: the pipe directory is mounted under the driver root.
+        (
+            Some("/usr/sbin/chroot"),
+            "/driver-root/mps/uid-0/pipe/control",
+        ),
+        (None, "/mps/uid-0/pipe/control"),
+    ] {
+        let daemon = DaemonCommand {
+            node_root: "/".into(),
+            mps_control: Some("/usr/bin/nvidia-cuda-mps-control".into()),
+            chroot: chroot.map(Into::into),
+            library_dir: None,
+        };
+        let deployment = runner.build(&record, &daemon).unwrap();
+        let pod = deployment.spec.template.spec.unwrap();
+        let secrets: Vec<&str> = pod
+            .image_pull_secrets
+            .iter()
+            .flatten()
+            .map(|secret| secret.name.as_str())
+            .collect();
+        assert_eq!(secrets, ["registry-a", "registry-b"]);
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("gpu-kubelet-plugin")
+        );
+        let container = &pod.containers[0];
+        assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
+        // The probe is the plugin's own binary, at the path its image has it, checking the
+        // socket where the container sees it.
+        let probe = container.readiness_probe.clone().unwrap();
+        assert_eq!(
+            probe.exec.unwrap().command.unwrap(),
+            [IMAGE_BINARY, PROBE_SUBCOMMAND, socket]
+        );
+        let mounts: Vec<String> = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|mount| mount.mount_path.clone())
+            .collect();
+        let pipe = std::path::Path::new(socket).parent().unwrap();
+        assert!(
+            mounts.iter().any(|m| std::path::Path::new(m) == pipe),
+            "{mounts:?}"
+        );
+    }
+}
+
+#[test]
+fn the_readiness_probe_passes_only_on_the_daemons_socket() {
+    use dra_driver_nvidia::sharing::mps::deployment::PROBE_SUBCOMMAND;
+    use std::process::Command;
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("control");
+    let probe = |path: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin"))
+            .args([PROBE_SUBCOMMAND.as_ref(), path.as_os_str()])
+            .output()
+            .unwrap()
+    };
+    // Before the daemon listens: not ready, and why.
+    let output = probe(&socket);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&socket.display().to_string()), "{stderr}");
+    // A regular file is not the daemon's socket.
+    std::fs::write(&socket, "").unwrap();
+    assert_eq!(probe(&socket).status.code(), Some(1));
+    std::fs::remove_file(&socket).unwrap();
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let output = probe(&socket);
+    assert!(output.status.success(), "{output:?}");
+}
+
+/// The record of daemon `uid-0` on one GPU, as a prepare leaves it (no process: a Deployment).
+fn daemon_record(multi_user: bool) -> MpsDaemonRecord {
+    MpsDaemonRecord {
+        id: "uid-0".into(),
+        devices: vec!["gpu-0".into()],
+        uuids: vec!["GPU-a".into()],
+        exclusive_gpus: Vec::new(),
+        process: dra_driver_nvidia::host::ProcessId {
+            pid: 0,
+            start_time: 0,
+        },
+        deployment: None,
+        dir: "/mps/uid-0".into(),
+        shm_mounted: true,
+        multi_user,
+        control_commands: Vec::new(),
+    }
 }

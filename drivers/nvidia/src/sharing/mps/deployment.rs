@@ -24,8 +24,12 @@
 //!   `resource.nvidia.com/mps-daemon=<id>` (also the pod selector) and
 //!   `resource.nvidia.com/mps-claim-uid=<claim UID>`.
 //!
-//! No probe: the plugin's image has no shell to run one with, and the readiness below checks
-//! the control socket from the plugin's side.
+//! The pod pulls the image with the plugin's `--image-pull-policy` and
+//! `--image-pull-secrets` and runs as `--service-account-name` (upstream's flags), so a
+//! private registry or a policy requiring named accounts serves the daemon as it serves the
+//! plugin. A readiness probe runs the plugin's own binary from the image
+//! ([`PROBE_SUBCOMMAND`]: the image has no shell) to check that the daemon's control socket
+//! exists; the plugin's readiness wait below checks the same socket from its side too.
 //!
 //! # Lifecycle
 //!
@@ -47,8 +51,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, HostPathVolumeSource, Pod, PodSpec, PodTemplateSpec, SecurityContext,
-    Toleration, Volume, VolumeMount,
+    Container, EnvVar, ExecAction, HostPathVolumeSource, LocalObjectReference, Pod, PodSpec,
+    PodTemplateSpec, Probe, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Api;
@@ -88,6 +92,52 @@ pub struct MpsDeploymentConfig {
     pub namespace: String,
     /// The image the daemon's container runs (`--image-name`: the plugin's own image).
     pub image: String,
+    /// The container's `imagePullPolicy` (`--image-pull-policy`); the cluster's default
+    /// when `None`.
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets the pod pulls the image with (`--image-pull-secrets`): the plugin's own, so
+    /// that a private registry serves the daemon as it serves the plugin.
+    pub image_pull_secrets: Vec<String>,
+    /// The pod's service account (`--service-account-name`); the namespace's `default` when
+    /// `None`. The daemon calls no API: this only satisfies clusters whose policies require
+    /// a named account.
+    pub service_account_name: Option<String>,
+}
+
+impl MpsDeploymentConfig {
+    /// Deployments of `image` in `namespace`, with the cluster's defaults for the rest.
+    pub fn new(namespace: impl Into<String>, image: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            image: image.into(),
+            image_pull_policy: None,
+            image_pull_secrets: Vec::new(),
+            service_account_name: None,
+        }
+    }
+}
+
+/// A container's `imagePullPolicy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[value(rename_all = "PascalCase")]
+pub enum ImagePullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull when the node lacks the image.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The API's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
 }
 
 /// A daemon's Deployment, as its [`MpsDaemonRecord`] keeps it.
@@ -188,6 +238,63 @@ impl DaemonCommand {
     }
 }
 
+/// The hidden first argument that makes the plugin's binary the daemon's readiness probe.
+pub const PROBE_SUBCOMMAND: &str = "__mps-control-ready";
+
+/// Where the plugin's image has its binary, which the probe runs in the daemon's container
+/// (the daemon's image is the plugin's, `--image-name`).
+pub const IMAGE_BINARY: &str = "/usr/bin/gpu-kubelet-plugin";
+
+/// Ready when the daemon's control socket exists: the daemon creates it once it accepts
+/// clients. An exec probe of the plugin's own binary, since the image has no shell; it only
+/// looks at the file and never connects, so the daemon sees no stray client.
+fn readiness_probe(control_socket: String) -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                IMAGE_BINARY.to_owned(),
+                PROBE_SUBCOMMAND.to_owned(),
+                control_socket,
+            ]),
+        }),
+        period_seconds: Some(2),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    }
+}
+
+/// When this process was started as the daemon's readiness probe (first argument
+/// [`PROBE_SUBCOMMAND`], then the control socket's path), exits 0 if that path is a Unix
+/// socket and 1 (saying why on standard error) otherwise; returns at once when not.
+pub fn probe_if_requested() {
+    let mut args = std::env::args_os();
+    if args.nth(1).as_deref() != Some(std::ffi::OsStr::new(PROBE_SUBCOMMAND)) {
+        return;
+    }
+    let Some(socket) = args.next() else {
+        eprintln!("{PROBE_SUBCOMMAND}: expected the control socket's path");
+        std::process::exit(2);
+    };
+    match control_socket_ready(Path::new(&socket)) {
+        Ok(()) => std::process::exit(0),
+        Err(reason) => {
+            eprintln!("{PROBE_SUBCOMMAND}: {reason}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Whether `socket` is a Unix socket; why not otherwise.
+pub fn control_socket_ready(socket: &Path) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt as _;
+    match std::fs::metadata(socket) {
+        Ok(metadata) if metadata.file_type().is_socket() => Ok(()),
+        Ok(_) => Err(format!("{} is not a socket", socket.display())),
+        Err(error) => Err(format!("{}: {error}", socket.display())),
+    }
+}
+
 fn env_var(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
         name: name.to_owned(),
@@ -233,7 +340,8 @@ pub struct DeploymentRunner {
     client: kube::Client,
     runtime: tokio::runtime::Handle,
     node_name: String,
-    config: MpsDeploymentConfig,
+    // Shared: a runner is cloned into every operation.
+    config: std::sync::Arc<MpsDeploymentConfig>,
 }
 
 impl std::fmt::Debug for DeploymentRunner {
@@ -263,7 +371,7 @@ impl DeploymentRunner {
             client,
             runtime,
             node_name: node_name.into(),
-            config,
+            config: std::sync::Arc::new(config),
         }
     }
 
@@ -308,11 +416,17 @@ impl DeploymentRunner {
         ];
         env.extend(extra_env);
         let prefix = daemon.mount_prefix();
+        let control_socket = format!("{prefix}{}/control", record.pipe_dir().display());
         let container = Container {
             name: CONTAINER_NAME.to_owned(),
             image: Some(self.config.image.clone()),
+            image_pull_policy: self
+                .config
+                .image_pull_policy
+                .map(|policy| policy.as_str().to_owned()),
             command: Some(command),
             env: Some(env),
+            readiness_probe: Some(readiness_probe(control_socket)),
             security_context: Some(SecurityContext {
                 privileged: Some(true),
                 ..SecurityContext::default()
@@ -332,6 +446,14 @@ impl DeploymentRunner {
             node_name: Some(self.node_name.clone()),
             host_pid: Some(true),
             containers: vec![container],
+            image_pull_secrets: (!self.config.image_pull_secrets.is_empty()).then(|| {
+                self.config
+                    .image_pull_secrets
+                    .iter()
+                    .map(|name| LocalObjectReference { name: name.clone() })
+                    .collect()
+            }),
+            service_account_name: self.config.service_account_name.clone(),
             // Pinned with nodeName: the scheduler's taint checks do not apply, but a
             // NoExecute taint would still evict it.
             tolerations: Some(vec![Toleration {
