@@ -4,8 +4,9 @@
 //! Nothing here is cached: upstream caches its CDI specs for minutes and so hands out specs
 //! without device nodes when `/dev/nvidia*` appeared after the first prepare (issue #1380) or
 //! stale ones after the driver was replaced (#1144). Reading a few `/dev` entries and the
-//! driver root's folders takes about 2 ms for a full 550 install (release build, measured on a
-//! busy 2-core machine against the fake driver root of `tests/cdi.rs`).
+//! driver root's folders took about 2 ms for a full 550 install in one timed run (release
+//! build, a busy 2-core machine, the fake driver root of `tests/cdi.rs`); no benchmark covers
+//! it yet, and a real disk's first read may be slower.
 //!
 //! # What a container gets
 //!
