@@ -1,5 +1,7 @@
 //! The SDK is a dependency named `sdk` here, so `::dra_sdk` does not exist: the derives must
-//! follow `#[dra(crate = "...")]` everywhere.
+//! follow `#[dra(crate = "...")]` everywhere. An ordinary test rather than a trybuild `pass`
+//! case: with only `compile_fail` cases trybuild type-checks (`cargo check`) instead of building
+//! the SDK's whole dependency tree a second time (docs/testing.md).
 
 use sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError};
 use sdk::slices::{AttributeValue, Device};
@@ -30,17 +32,26 @@ struct GpuConfig {
 impl ConfigHooks for GpuConfig {
     fn validate(&self) -> Result<(), ConfigValidationError> {
         if self.interval > 3 {
-            return Err(ConfigValidationError::for_field("interval", "must be 0 to 3"));
+            return Err(ConfigValidationError::for_field(
+                "interval",
+                "must be 0 to 3",
+            ));
         }
         Ok(())
     }
 }
 
 #[derive(serde::Deserialize, sdk::config::OpaqueConfig)]
-#[dra(api_version = "gpu.example.com/v1", kind = "Empty", hooks = false, crate = "sdk")]
+#[dra(
+    api_version = "gpu.example.com/v1",
+    kind = "Empty",
+    hooks = false,
+    crate = "sdk"
+)]
 struct Empty {}
 
-fn main() {
+#[test]
+fn generated_code_follows_the_crate_option() {
     let gpu = Gpu {
         index: 3,
         memory: sdk::attributes::Bytes(1 << 30),
@@ -51,7 +62,11 @@ fn main() {
     let device = Device::new("gpu-3").with_attributes(&gpu);
     assert_eq!(device.attributes["index"], AttributeValue::Int(3));
     assert_eq!(device.capacity["memory"].value.0, "1Gi");
-    assert!(device.attributes.contains_key("resource.kubernetes.io/pcieRoot"));
+    assert!(
+        device
+            .attributes
+            .contains_key("resource.kubernetes.io/pcieRoot")
+    );
 
     #[derive(Debug)]
     enum Config {
