@@ -1,18 +1,22 @@
-//! Explanations: why a claim gets, or does not get, devices on a node, device by device, and
-//! what holds a node's devices. Computed by the allocator itself ([`Allocator::explain`],
-//! [`Allocator::node_devices`]), from the same checks [`Allocator::allocate`] makes.
+//! Explanations: why a claim gets, or does not get, devices on a node, device by device and
+//! constraint by constraint, and what holds a node's devices. Computed by the allocator itself
+//! ([`Allocator::explain`], [`Allocator::node_devices`]), from the same checks
+//! [`Allocator::allocate`] makes.
 //!
 //! [`Allocator::explain`]: super::Allocator::explain
 //! [`Allocator::node_devices`]: super::Allocator::node_devices
 //! [`Allocator::allocate`]: super::Allocator::allocate
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::AllocationResult;
 use serde::Serialize;
 
-use super::AllocationError;
+use super::index::{AttributeValue, DeviceData};
+pub use super::model::ConstraintKind;
+use super::search::constraint_applies;
+use super::{AllocationError, Allocator, model};
 
 /// Why a claim gets (or does not get) devices on a node: for each request, every device of the
 /// cluster with the allocator's verdict, and the outcome [`Allocator::allocate`] returns for the
@@ -28,6 +32,10 @@ pub struct Explanation {
     pub node: String,
     /// One entry per request, or per subrequest of a `firstAvailable` request (in order).
     pub requests: Vec<RequestExplanation>,
+    /// One entry per `matchAttribute` or `distinctAttribute` constraint of the claim (in order;
+    /// malformed ones, which fail the claim, are left out): the devices available for its
+    /// requests, by value of its attribute.
+    pub constraints: Vec<ConstraintExplanation>,
     /// What [`Allocator::allocate`](super::Allocator::allocate) returns: the allocation, or why
     /// there is none.
     pub outcome: Result<AllocationResult, AllocationError>,
@@ -573,6 +581,347 @@ impl fmt::Display for CounterHolder {
             self.device,
             counters.join(" ")
         )
+    }
+}
+
+/// A `matchAttribute` or `distinctAttribute` constraint of the claim, with the devices
+/// available for the requests it applies to, grouped by the value of its attribute: why devices
+/// that can each be taken do not make an allocation together (say, two free GPUs in different
+/// NVLink groups for a claim whose requests must match on the group).
+///
+/// A device counts when its verdict for one of the constraint's requests says it could be taken
+/// ([`Verdict::is_available`]); devices without the attribute have the verdict
+/// [`Verdict::ConstraintAttributeMissing`] instead. A constraint naming a request applies to
+/// all of its `firstAvailable` subrequests, of which an allocation uses one: [`needed`] counts,
+/// per request, the fewest devices a subrequest asks for (none when the constraint leaves one
+/// of its subrequests out), the least the requests need.
+///
+/// [`needed`]: ConstraintExplanation::needed
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ConstraintExplanation {
+    /// Position of the constraint in the claim.
+    pub constraint: usize,
+    /// `matchAttribute` or `distinctAttribute`.
+    pub kind: ConstraintKind,
+    /// The fully qualified attribute.
+    pub attribute: String,
+    /// The requests it applies to, named as in [`Explanation::requests`] (`request` or
+    /// `request/subrequest`): every request when the constraint names none.
+    pub requests: Vec<String>,
+    /// Devices those requests need together (the sum of their counts); `None` when one of them
+    /// asks for `All` devices.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needed: Option<usize>,
+    /// Whether the available devices are enough as far as counting goes: with `matchAttribute`,
+    /// some value has enough devices for each request and for all of them together (a device
+    /// allowing multiple allocations counts once per request); with `distinctAttribute`, the
+    /// devices have at least `needed` different values. Necessary, not sufficient: the search
+    /// may still find no way to split the devices among the requests, as the outcome says.
+    /// `None` when `needed` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enough: Option<bool>,
+    /// The available devices by value of the attribute, values in the order of their first
+    /// device; a device with a list attribute is listed under each of its values.
+    pub values: Vec<ConstraintValue>,
+}
+
+/// One value of a constraint's attribute and the available devices having it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ConstraintValue {
+    /// The value: a string or version as it is, an int or bool as JSON writes it.
+    pub value: String,
+    /// The devices having it, in the order the allocator tries them.
+    pub devices: Vec<ConstraintDevice>,
+}
+
+/// A device available for some of a constraint's requests.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ConstraintDevice {
+    /// The driver publishing it.
+    pub driver: String,
+    /// Its pool.
+    pub pool: String,
+    /// Its name.
+    pub device: String,
+    /// The constraint's requests it could be taken for.
+    pub requests: Vec<String>,
+}
+
+fn devices_text(n: usize) -> String {
+    if n == 1 {
+        "1 device".to_owned()
+    } else {
+        format!("{n} devices")
+    }
+}
+
+impl fmt::Display for ConstraintExplanation {
+    /// `constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2
+    /// devices with one value, but no value has enough available devices: nvl-0: gpu-2; nvl-1:
+    /// gpu-3`, with `(for a only)` after a device available for some of the requests only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let requests = match self.requests.as_slice() {
+            [one] => format!("request {one}"),
+            [] => "no request".to_owned(),
+            all => format!("requests {}", all.join(", ")),
+        };
+        write!(
+            f,
+            "constraint #{} ({} {}, {requests}): needs ",
+            self.constraint, self.kind, self.attribute
+        )?;
+        f.write_str(&match self.needed {
+            Some(n) => devices_text(n),
+            None => "all matching devices".to_owned(),
+        })?;
+        f.write_str(match self.kind {
+            ConstraintKind::MatchAttribute => " with one value",
+            ConstraintKind::DistinctAttribute => " with different values",
+        })?;
+        match (self.enough, self.kind) {
+            (Some(false), _) if self.values.is_empty() => {
+                return f.write_str(", but no available device has the attribute");
+            }
+            (Some(false), ConstraintKind::MatchAttribute) => {
+                f.write_str(", but no value has enough available devices: ")?;
+            }
+            (Some(false), _) => {
+                f.write_str(", but the available devices have too few different values: ")?;
+            }
+            _ => f.write_str("; available devices by value: ")?,
+        }
+        if self.values.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, value) in self.values.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: ", value.value)?;
+            for (j, device) in value.devices.iter().enumerate() {
+                if j > 0 {
+                    f.write_str(", ")?;
+                }
+                f.write_str(&device.device)?;
+                if device.requests.len() < self.requests.len() {
+                    write!(f, " (for {} only)", device.requests.join(", "))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A request's name without its subrequest.
+fn base_request(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(base, _)| base)
+}
+
+fn value_text(value: &AttributeValue) -> String {
+    match value {
+        AttributeValue::Int(v) => v.to_string(),
+        AttributeValue::Bool(v) => v.to_string(),
+        AttributeValue::String(v) | AttributeValue::Version(v) => v.clone(),
+    }
+}
+
+/// The explanation of each well-formed constraint of the claim, from the verdicts of its
+/// requests (with the chosen devices marked) and the devices' attributes.
+pub(crate) fn explain_constraints(
+    allocator: &Allocator,
+    claim: &model::Claim,
+    requests: &[RequestExplanation],
+) -> Vec<ConstraintExplanation> {
+    claim
+        .spec
+        .devices
+        .constraints
+        .iter()
+        .enumerate()
+        .filter_map(|(index, constraint)| {
+            let (kind, attribute) = constraint.kind()?;
+            Some(explain_constraint(
+                allocator,
+                index,
+                kind,
+                attribute,
+                &constraint.requests,
+                requests,
+            ))
+        })
+        .collect()
+}
+
+/// An available device while a constraint is explained.
+struct Candidate<'a> {
+    explained: ConstraintDevice,
+    data: &'a DeviceData,
+}
+
+fn explain_constraint(
+    allocator: &Allocator,
+    index: usize,
+    kind: ConstraintKind,
+    attribute: &str,
+    named: &[String],
+    requests: &[RequestExplanation],
+) -> ConstraintExplanation {
+    let covers = |request: &RequestExplanation| {
+        constraint_applies(named, base_request(&request.request), &request.request)
+    };
+    let count = |request: &RequestExplanation| {
+        request
+            .count
+            .map_or(1, |count| usize::try_from(count).unwrap_or(0))
+    };
+    let covered: Vec<&RequestExplanation> = requests.iter().filter(|r| covers(r)).collect();
+    // The requests (by name) with the covered ones, each with its entries (subrequests).
+    let mut bases: Vec<(&str, Vec<&RequestExplanation>)> = Vec::new();
+    for request in requests {
+        let base = base_request(&request.request);
+        match bases.iter_mut().find(|(name, _)| *name == base) {
+            Some((_, entries)) => entries.push(request),
+            None => bases.push((base, vec![request])),
+        }
+    }
+    bases.retain(|(_, entries)| entries.iter().any(|e| covers(e)));
+    let all = covered.iter().any(|r| r.allocation_mode == "All");
+    let needed = (!all).then(|| {
+        bases
+            .iter()
+            .map(|(_, entries)| {
+                entries
+                    .iter()
+                    .map(|e| if covers(e) { count(e) } else { 0 })
+                    .min()
+                    .unwrap_or(0)
+            })
+            .sum::<usize>()
+    });
+
+    // The devices available for a covered request, in the allocator's order.
+    let verdicts: Vec<HashMap<(&str, &str, &str), &Verdict>> = covered
+        .iter()
+        .map(|request| {
+            request
+                .devices
+                .iter()
+                .map(|d| {
+                    (
+                        (d.driver.as_str(), d.pool.as_str(), d.device.as_str()),
+                        &d.verdict,
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let mut candidates = Vec::new();
+    for pool in &allocator.pools {
+        for device in pool.slices.iter().flat_map(|slice| &slice.devices) {
+            let key = (
+                pool.driver.as_str(),
+                pool.name.as_str(),
+                device.raw.name.as_str(),
+            );
+            let available_for: Vec<String> = covered
+                .iter()
+                .zip(&verdicts)
+                .filter(|(_, verdicts)| verdicts.get(&key).is_some_and(|v| v.is_available()))
+                .map(|(request, _)| request.request.clone())
+                .collect();
+            if available_for.is_empty() {
+                continue;
+            }
+            candidates.push(Candidate {
+                explained: ConstraintDevice {
+                    driver: pool.driver.clone(),
+                    pool: pool.name.clone(),
+                    device: device.raw.name.clone(),
+                    requests: available_for,
+                },
+                data: device,
+            });
+        }
+    }
+
+    // Grouped by value (set semantics: a device counts under each of its values).
+    let mut groups: Vec<(&AttributeValue, Vec<&Candidate<'_>>)> = Vec::new();
+    for candidate in &candidates {
+        let values = candidate
+            .data
+            .attributes
+            .get(attribute)
+            .into_iter()
+            .flatten();
+        let mut seen: Vec<&AttributeValue> = Vec::new();
+        for value in values {
+            if seen.contains(&value) {
+                continue;
+            }
+            seen.push(value);
+            match groups.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, devices)) => devices.push(candidate),
+                None => groups.push((value, vec![candidate])),
+            }
+        }
+    }
+
+    let enough = needed.map(|needed| match kind {
+        ConstraintKind::MatchAttribute if needed == 0 => true,
+        ConstraintKind::MatchAttribute => groups.iter().any(|(_, devices)| {
+            // A device allowing multiple allocations serves each request once.
+            let total: usize = devices
+                .iter()
+                .map(|d| {
+                    if d.data.multi {
+                        let mut served: Vec<&str> = d
+                            .explained
+                            .requests
+                            .iter()
+                            .map(|r| base_request(r))
+                            .collect();
+                        served.dedup();
+                        served.len()
+                    } else {
+                        1
+                    }
+                })
+                .sum();
+            let each = bases.iter().all(|(_, entries)| {
+                entries.iter().any(|entry| {
+                    !covers(entry)
+                        || devices
+                            .iter()
+                            .filter(|d| d.explained.requests.contains(&entry.request))
+                            .count()
+                            >= count(entry)
+                })
+            });
+            total >= needed && each
+        }),
+        ConstraintKind::DistinctAttribute => candidates.len() >= needed && groups.len() >= needed,
+    });
+
+    ConstraintExplanation {
+        constraint: index,
+        kind,
+        attribute: attribute.to_owned(),
+        requests: covered.iter().map(|r| r.request.clone()).collect(),
+        needed,
+        enough,
+        values: groups
+            .into_iter()
+            .map(|(value, devices)| ConstraintValue {
+                value: value_text(value),
+                devices: devices.into_iter().map(|d| d.explained.clone()).collect(),
+            })
+            .collect(),
     }
 }
 
@@ -1323,5 +1672,245 @@ mod tests {
             json!({ "driver": "d", "pool": "p", "device": "x", "verdict": "capacityMissing", "capacity": "memory" })
         );
         assert_eq!(device.verdict.name(), "capacityMissing");
+    }
+
+    const NVLINK: &str = "gpu.example.com/nvlinkGroup";
+
+    /// node-a: five GPUs, gpu-0 and gpu-2 (an h100) in NVLink group nvl-0, gpu-1 and gpu-3 in
+    /// nvl-1, gpu-4 in none; the devices `held` are allocated to other claims.
+    fn nvlink(held: &[&str]) -> Allocator {
+        let gpu = |name: &str, model: &str, group: Option<&str>| {
+            let mut attributes = json!({ "model": { "string": model } });
+            if let Some(group) = group {
+                attributes["nvlinkGroup"] = json!({ "string": group });
+            }
+            json!({ "name": name, "attributes": attributes })
+        };
+        let slices = vec![from_json(slice(
+            "a-gpus",
+            GPU,
+            "node-a",
+            1,
+            json!({ "nodeName": "node-a", "devices": [
+                gpu("gpu-0", "a100", Some("nvl-0")),
+                gpu("gpu-1", "a100", Some("nvl-1")),
+                gpu("gpu-2", "h100", Some("nvl-0")),
+                gpu("gpu-3", "a100", Some("nvl-1")),
+                gpu("gpu-4", "a100", None),
+            ] }),
+        ))];
+        let class = from_json(
+            json!({ "metadata": { "name": GPU }, "spec": { "selectors": [
+            { "cel": { "expression": format!("device.driver == '{GPU}'") } }] } }),
+        );
+        let claims: Vec<ResourceClaim> = held
+            .iter()
+            .map(|device| {
+                from_json(json!({
+                    "metadata": { "name": format!("on-{device}"), "namespace": "default" },
+                    "spec": { "devices": { "requests": [] } },
+                    "status": { "allocation": { "devices": { "results": [
+                        { "request": "gpu", "driver": GPU, "pool": "node-a", "device": device }] } } },
+                }))
+            })
+            .collect();
+        Allocator::new(&slices, &[class], &claims)
+    }
+
+    /// Requests `a` and `b` (with these `exactly` fields each) matching on the NVLink group.
+    fn pair(a: Value, b: Value) -> ResourceClaim {
+        claim(
+            "pair",
+            json!({
+                "requests": [
+                    { "name": "a", "exactly": a },
+                    { "name": "b", "exactly": b },
+                ],
+                "constraints": [{ "matchAttribute": NVLINK }],
+            }),
+        )
+    }
+
+    fn grouped(constraint: &ConstraintExplanation) -> Vec<(&str, Vec<&str>)> {
+        constraint
+            .values
+            .iter()
+            .map(|v| {
+                (
+                    v.value.as_str(),
+                    v.devices.iter().map(|d| d.device.as_str()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn constraints_group_the_available_devices_by_value() {
+        let any = json!({ "deviceClassName": GPU });
+        // gpu-0 and gpu-3 are free, but in different groups: the pair is refused.
+        let explanation = nvlink(&["gpu-1", "gpu-2"])
+            .explain(&pair(any.clone(), any.clone()), "node-a")
+            .unwrap();
+        assert!(!explanation.allocatable());
+        assert_eq!(
+            explanation.request("a").unwrap().verdict("gpu-4"),
+            Some(&Verdict::ConstraintAttributeMissing {
+                constraint: 0,
+                attribute: NVLINK.into()
+            })
+        );
+        let [constraint] = explanation.constraints.as_slice() else {
+            panic!("{:?}", explanation.constraints)
+        };
+        assert_eq!(
+            (
+                constraint.constraint,
+                constraint.kind,
+                constraint.attribute.as_str(),
+                constraint.requests.clone(),
+                constraint.needed,
+                constraint.enough,
+            ),
+            (
+                0,
+                ConstraintKind::MatchAttribute,
+                NVLINK,
+                vec!["a".to_owned(), "b".to_owned()],
+                Some(2),
+                Some(false)
+            )
+        );
+        assert_eq!(
+            grouped(constraint),
+            [("nvl-0", vec!["gpu-0"]), ("nvl-1", vec!["gpu-3"])]
+        );
+        assert_eq!(
+            constraint.to_string(),
+            "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2 devices with one value, but no value has enough available devices: nvl-0: gpu-0; nvl-1: gpu-3"
+        );
+        assert_eq!(
+            serde_json::to_value(constraint).unwrap(),
+            json!({
+                "constraint": 0, "kind": "matchAttribute", "attribute": NVLINK,
+                "requests": ["a", "b"], "needed": 2, "enough": false,
+                "values": [
+                    { "value": "nvl-0", "devices": [
+                        { "driver": GPU, "pool": "node-a", "device": "gpu-0", "requests": ["a", "b"] }] },
+                    { "value": "nvl-1", "devices": [
+                        { "driver": GPU, "pool": "node-a", "device": "gpu-3", "requests": ["a", "b"] }] },
+                ],
+            })
+        );
+
+        // With gpu-2 free, nvl-0 has two: the pair is allocated there (chosen devices count).
+        let explanation = nvlink(&["gpu-1"])
+            .explain(&pair(any.clone(), any.clone()), "node-a")
+            .unwrap();
+        assert!(explanation.allocatable());
+        let constraint = &explanation.constraints[0];
+        assert_eq!(constraint.enough, Some(true));
+        assert_eq!(
+            constraint.to_string(),
+            "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2 devices with one value; available devices by value: nvl-0: gpu-0, gpu-2; nvl-1: gpu-3"
+        );
+
+        // One request for two: the same, with the request's count.
+        let two = claim(
+            "two",
+            json!({
+                "requests": [{ "name": "gpus", "exactly": { "deviceClassName": GPU, "count": 2 } }],
+                "constraints": [{ "matchAttribute": NVLINK, "requests": ["gpus"] }],
+            }),
+        );
+        let explanation = nvlink(&["gpu-1", "gpu-2"]).explain(&two, "node-a").unwrap();
+        assert!(!explanation.allocatable());
+        assert_eq!(
+            explanation.constraints[0].to_string(),
+            "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, request gpus): needs 2 devices with one value, but no value has enough available devices: nvl-0: gpu-0; nvl-1: gpu-3"
+        );
+
+        // nvl-1 has two devices, but only for b: each request needs its own in the group.
+        let h100 = json!({ "deviceClassName": GPU, "selectors": selecting("h100") });
+        let explanation = nvlink(&["gpu-0"])
+            .explain(&pair(h100, any.clone()), "node-a")
+            .unwrap();
+        assert!(!explanation.allocatable());
+        let constraint = &explanation.constraints[0];
+        assert_eq!(constraint.enough, Some(false));
+        assert_eq!(
+            constraint.to_string(),
+            "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2 devices with one value, but no value has enough available devices: nvl-1: gpu-1 (for b only), gpu-3 (for b only); nvl-0: gpu-2"
+        );
+
+        // distinctAttribute: two free GPUs of one group are too few values.
+        let spread = claim(
+            "spread",
+            json!({
+                "requests": [{ "name": "gpus", "exactly": { "deviceClassName": GPU, "count": 2 } }],
+                "constraints": [{ "distinctAttribute": NVLINK }],
+            }),
+        );
+        let explanation = nvlink(&["gpu-1", "gpu-3"])
+            .explain(&spread, "node-a")
+            .unwrap();
+        assert!(!explanation.allocatable());
+        assert_eq!(
+            explanation.constraints[0].to_string(),
+            "constraint #0 (distinctAttribute gpu.example.com/nvlinkGroup, request gpus): needs 2 devices with different values, but the available devices have too few different values: nvl-0: gpu-0, gpu-2"
+        );
+    }
+
+    #[test]
+    fn constraints_on_subrequests_need_the_fewest_devices_a_subrequest_asks_for() {
+        let first_available = |requests: Value| {
+            claim(
+                "fallback",
+                json!({
+                    "requests": [
+                        { "name": "gpu", "firstAvailable": [
+                            { "name": "big", "deviceClassName": GPU, "selectors": selecting("h100") },
+                            { "name": "two", "deviceClassName": GPU, "count": 2 },
+                        ] },
+                        { "name": "all", "exactly": { "deviceClassName": GPU, "allocationMode": "All" } },
+                    ],
+                    "constraints": [{ "matchAttribute": NVLINK, "requests": requests }],
+                }),
+            )
+        };
+        let allocator = nvlink(&[]);
+        let explain = |requests: Value| {
+            allocator
+                .explain(&first_available(requests), "node-a")
+                .unwrap()
+                .constraints
+                .remove(0)
+        };
+        // The request covers both subrequests; one of them is used.
+        let constraint = explain(json!(["gpu"]));
+        assert_eq!(constraint.requests, ["gpu/big", "gpu/two"]);
+        assert_eq!(
+            (constraint.needed, constraint.enough),
+            (Some(1), Some(true))
+        );
+        let gpu_2 = &constraint.values[0].devices[1];
+        assert_eq!(
+            (gpu_2.device.as_str(), gpu_2.requests.clone()),
+            ("gpu-2", vec!["gpu/big".to_owned(), "gpu/two".to_owned()])
+        );
+        // A subrequest alone: the other one needs nothing from the constraint.
+        let constraint = explain(json!(["gpu/two"]));
+        assert_eq!(constraint.requests, ["gpu/two"]);
+        assert_eq!(
+            (constraint.needed, constraint.enough),
+            (Some(0), Some(true))
+        );
+        // With an All request nothing is counted.
+        let constraint = explain(json!([]));
+        assert_eq!(constraint.requests, ["gpu/big", "gpu/two", "all"]);
+        assert_eq!((constraint.needed, constraint.enough), (None, None));
+        assert_eq!(
+            constraint.to_string(),
+            "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests gpu/big, gpu/two, all): needs all matching devices with one value; available devices by value: nvl-0: gpu-0 (for gpu/two, all only), gpu-2; nvl-1: gpu-1 (for gpu/two, all only), gpu-3 (for gpu/two, all only)"
+        );
     }
 }

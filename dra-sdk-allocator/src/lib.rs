@@ -121,8 +121,12 @@
 //! first check that rules it out, with its details: the selector and its expression, the CEL
 //! error, the claims holding the device, the capacity or counters left and who holds them, the
 //! taint, the node it is published for), next to the outcome [`Allocator::allocate`] returns.
-//! The verdicts come from the same checks the search makes. [`Allocator::node_devices`] lists a
-//! node's devices with what holds them. `dractl explain` prints both.
+//! For each `matchAttribute` and `distinctAttribute` constraint, a [`ConstraintExplanation`]
+//! groups the devices available for its requests by the attribute's value and says whether some
+//! value has enough of them: why two GPUs that are each free are refused as a pair when they
+//! sit in different NVLink groups. The verdicts come from the same checks the search makes.
+//! [`Allocator::node_devices`] lists a node's devices with what holds them. `dractl explain`
+//! prints both.
 //!
 //! - **Extended resources**: [`extended_resource_claim`] makes the claim the scheduler makes for
 //!   a pod's `resources` (say `nvidia.com/gpu: 2`) that a DeviceClass serves; it is allocated
@@ -157,9 +161,10 @@ use tracing::warn;
 
 pub use api::{AllocateClaimError, allocate_claim};
 pub use explain::{
-    CapacityUsage, CelStage, CounterHolder, CounterSetUsage, CounterUsage, DeviceExplanation,
-    Explanation, Holder, NodeDevice, NodeDevices, NodeMismatch, RequestExplanation, SelectorOwner,
-    SelectorRef, Verdict,
+    CapacityUsage, CelStage, ConstraintDevice, ConstraintExplanation, ConstraintKind,
+    ConstraintValue, CounterHolder, CounterSetUsage, CounterUsage, DeviceExplanation, Explanation,
+    Holder, NodeDevice, NodeDevices, NodeMismatch, RequestExplanation, SelectorOwner, SelectorRef,
+    Verdict,
 };
 pub use extended::{EXTENDED_RESOURCE_CLAIM_ANNOTATION, extended_resource_claim};
 pub use nodes::allocation_fits_node;
@@ -286,7 +291,8 @@ impl Allocator {
     /// Explains what [`allocate`](Self::allocate) does with the claim on the node: for each
     /// request (and subrequest), every device of the cluster with the allocator's verdict (taken,
     /// available, or the first reason that rules it out, with its details: the selector, the
-    /// claims holding it, the counters or capacity left, the taint), and `allocate`'s outcome.
+    /// claims holding it, the counters or capacity left, the taint), for each constraint the
+    /// devices available for its requests by value of its attribute, and `allocate`'s outcome.
     /// Fails only when the claim does not decode, as `allocate` does.
     ///
     /// ```
@@ -337,10 +343,12 @@ impl Allocator {
         if let Ok(allocation) = &outcome {
             mark_chosen(&mut requests, allocation);
         }
+        let constraints = explain::explain_constraints(self, &decoded, &requests);
         Ok(Explanation {
             claim: decoded.display_name(),
             node: node_name.to_owned(),
             requests,
+            constraints,
             outcome,
         })
     }

@@ -5,9 +5,10 @@
 //! application selected: field optionality and field sets differ between those versions.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Re-decodes a typed object through JSON.
@@ -284,6 +285,38 @@ pub(crate) struct Constraint {
     pub(crate) requests: Vec<String>,
     pub(crate) match_attribute: Option<String>,
     pub(crate) distinct_attribute: Option<String>,
+}
+
+impl Constraint {
+    /// The kind and attribute of a well-formed constraint: exactly one of `matchAttribute`
+    /// and `distinctAttribute` is set.
+    pub(crate) fn kind(&self) -> Option<(ConstraintKind, &String)> {
+        match (&self.match_attribute, &self.distinct_attribute) {
+            (Some(attribute), None) => Some((ConstraintKind::MatchAttribute, attribute)),
+            (None, Some(attribute)) => Some((ConstraintKind::DistinctAttribute, attribute)),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of a constraint of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub enum ConstraintKind {
+    /// `matchAttribute`: all devices have the same value.
+    MatchAttribute,
+    /// `distinctAttribute`: all devices have different values.
+    DistinctAttribute,
+}
+
+impl fmt::Display for ConstraintKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ConstraintKind::MatchAttribute => "matchAttribute",
+            ConstraintKind::DistinctAttribute => "distinctAttribute",
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

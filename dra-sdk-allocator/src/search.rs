@@ -9,7 +9,7 @@ use tracing::{debug, trace};
 
 use super::cel::{CelEnvironment, device_matches};
 use super::index::{AttributeValue, CapacityData, DeviceData, PoolData, SliceData};
-use super::model::{self, NodeSelectorRequirement};
+use super::model::{self, ConstraintKind, NodeSelectorRequirement};
 use super::nodes::{NodeView, selector_matches};
 use super::{AllocationError, Allocator, RequestProblem, UnsatisfiableReason};
 use dra_sdk::k8s::QuantityValue as Quantity;
@@ -55,12 +55,6 @@ struct Slot<'a> {
     alternatives: Vec<Alternative<'a>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ConstraintKind {
-    Match,
-    Distinct,
-}
-
 /// A `matchAttribute` or `distinctAttribute` constraint with the values of the devices added so
 /// far, kept as a stack so that backtracking can pop them.
 struct ConstraintState {
@@ -70,9 +64,16 @@ struct ConstraintState {
     values: Vec<Vec<AttributeValue>>,
 }
 
+/// Whether a constraint naming `requests` applies to the request `full` (`request`, or
+/// `request/subrequest` of the request `base`): all requests when it names none, and a request
+/// name covers its subrequests.
+pub(crate) fn constraint_applies(requests: &[String], base: &str, full: &str) -> bool {
+    requests.is_empty() || requests.iter().any(|r| r == base || r == full)
+}
+
 impl ConstraintState {
     fn applies(&self, base: &str, full: &str) -> bool {
-        self.requests.is_empty() || self.requests.iter().any(|r| r == base || r == full)
+        constraint_applies(&self.requests, base, full)
     }
 
     fn add(&mut self, base: &str, full: &str, device: &DeviceData) -> bool {
@@ -84,10 +85,10 @@ impl ConstraintState {
         };
         let fits = match self.kind {
             // Set semantics: the values all devices have in common must not become empty.
-            ConstraintKind::Match => value
+            ConstraintKind::MatchAttribute => value
                 .iter()
                 .any(|v| self.values.iter().all(|seen| seen.contains(v))),
-            ConstraintKind::Distinct => self
+            ConstraintKind::DistinctAttribute => self
                 .values
                 .iter()
                 .all(|seen| !value.iter().any(|v| seen.contains(v))),
@@ -496,10 +497,9 @@ pub(crate) fn allocate(
         .iter()
         .enumerate()
         .map(|(index, constraint)| {
-            let (attribute, kind) = match (&constraint.match_attribute, &constraint.distinct_attribute) {
-                (Some(attribute), None) => (attribute.clone(), ConstraintKind::Match),
-                (None, Some(attribute)) => (attribute.clone(), ConstraintKind::Distinct),
-                _ => {
+            let (kind, attribute) = match constraint.kind() {
+                Some((kind, attribute)) => (kind, attribute.clone()),
+                None => {
                     return Err(AllocationError::InvalidClaim {
                         claim: claim_name.clone(),
                         reason: format!(

@@ -535,6 +535,87 @@ fn match_attribute_backtracks_across_requests() {
     assert_eq!(devices(&allocation), ["gpu-1", "gpu-2", "gpu-3"]);
 }
 
+/// GPUs pairwise connected by NVLink share `gpu.nvidia.com/nvlinkGroup`: a claim for two GPUs
+/// matching on it gets a connected pair, whether it asks with one request for two or with two
+/// requests, and is refused when the free GPUs are in different groups.
+#[test]
+fn nvlink_groups_pair_gpus_for_a_count_of_two_and_for_two_requests() {
+    const GROUP: &str = "gpu.nvidia.com/nvlinkGroup";
+    let slices = [slice(
+        "s",
+        NODE,
+        json!([
+            { "name": "gpu-0", "attributes": { GROUP: { "string": "nvl-0" } } },
+            { "name": "gpu-1", "attributes": { GROUP: { "string": "nvl-1" } } },
+            { "name": "gpu-2", "attributes": { GROUP: { "string": "nvl-1" } } },
+            { "name": "gpu-3", "attributes": { GROUP: { "string": "nvl-0" } } },
+        ]),
+    )];
+    let count_two = claim(
+        "count-two",
+        json!({
+            "requests": [{ "name": "gpus", "exactly": { "deviceClassName": DRIVER, "count": 2 } }],
+            "constraints": [{ "matchAttribute": GROUP }],
+        }),
+    );
+    let two_requests = claim(
+        "two-requests",
+        json!({
+            "requests": [
+                { "name": "a", "exactly": { "deviceClassName": DRIVER } },
+                { "name": "b", "exactly": { "deviceClassName": DRIVER } },
+            ],
+            "constraints": [{ "matchAttribute": GROUP, "requests": ["a", "b"] }],
+        }),
+    );
+    let holding_devices = |devices: &[&str]| -> Vec<ResourceClaim> {
+        devices
+            .iter()
+            .map(|device| {
+                holding(
+                    gpu_claim(&format!("on-{device}"), json!({})),
+                    json!([held("gpu", device)]),
+                )
+            })
+            .collect()
+    };
+    for (held_devices, expected) in [
+        // gpu-1 does not match gpu-0's group, nor gpu-2: the search goes on to gpu-3.
+        (&[][..], ["gpu-0", "gpu-3"]),
+        // Without gpu-0, the group nvl-1.
+        (&["gpu-0"][..], ["gpu-1", "gpu-2"]),
+    ] {
+        let allocator = Allocator::new(&slices, &[gpu_class()], &holding_devices(held_devices));
+        for claim in [&count_two, &two_requests] {
+            let allocation = allocator.allocate(claim, NODE).unwrap();
+            assert_eq!(devices(&allocation), expected, "{held_devices:?}");
+        }
+    }
+
+    // gpu-2 and gpu-3 are free, each alone in its group: no pair.
+    let allocator = Allocator::new(
+        &slices,
+        &[gpu_class()],
+        &holding_devices(&["gpu-0", "gpu-1"]),
+    );
+    for (claim, requests) in [(&count_two, "gpus"), (&two_requests, "a, b")] {
+        let error = allocator.allocate(claim, NODE).unwrap_err();
+        assert_eq!(
+            unsatisfiable(error),
+            [(requests.to_owned(), UnsatisfiableReason::Combination)]
+        );
+        let explanation = allocator.explain(claim, NODE).unwrap();
+        let constraint = &explanation.constraints[0];
+        assert_eq!(constraint.enough, Some(false));
+        assert!(
+            constraint
+                .to_string()
+                .ends_with("but no value has enough available devices: nvl-1: gpu-2; nvl-0: gpu-3"),
+            "{constraint}"
+        );
+    }
+}
+
 #[test]
 fn distinct_attribute_spreads_devices() {
     let slices = [slice(

@@ -433,6 +433,7 @@ pub struct NewClaim {
     name: String,
     requests: Vec<Value>,
     configs: Vec<Value>,
+    constraints: Vec<Value>,
 }
 
 impl NewClaim {
@@ -443,6 +444,7 @@ impl NewClaim {
             name: name.into(),
             requests: Vec::new(),
             configs: Vec::new(),
+            constraints: Vec::new(),
         }
     }
 
@@ -495,6 +497,35 @@ impl NewClaim {
         self
     }
 
+    /// Adds a `matchAttribute` constraint: every device allocated for `requests` (all requests
+    /// when empty) has the same value of `attribute` (fully qualified,
+    /// `gpu.nvidia.com/nvlinkGroup`).
+    ///
+    /// ```
+    /// use dra_sdk_testing::cluster::NewClaim;
+    ///
+    /// let claim = NewClaim::new("default", "pair")
+    ///     .request("gpus", "gpu.nvidia.com")
+    ///     .count(2)
+    ///     .match_attribute("gpu.nvidia.com/nvlinkGroup", &[])
+    ///     .build();
+    /// let claim = serde_json::to_value(claim).unwrap();
+    /// assert_eq!(
+    ///     claim["spec"]["devices"]["constraints"][0]["matchAttribute"],
+    ///     "gpu.nvidia.com/nvlinkGroup"
+    /// );
+    /// ```
+    pub fn match_attribute(mut self, attribute: &str, requests: &[&str]) -> Self {
+        let mut constraint = json!({ "matchAttribute": attribute });
+        if !requests.is_empty()
+            && let Value::Object(fields) = &mut constraint
+        {
+            fields.insert("requests".into(), json!(requests));
+        }
+        self.constraints.push(constraint);
+        self
+    }
+
     fn last_exactly(&mut self) -> Option<&mut serde_json::Map<String, Value>> {
         self.requests
             .last_mut()
@@ -504,7 +535,11 @@ impl NewClaim {
 
     /// The claim's `spec` as JSON, the same for every Kubernetes version's Rust types.
     pub fn spec_json(&self) -> Value {
-        json!({ "devices": { "requests": self.requests, "config": self.configs } })
+        let mut devices = json!({ "requests": self.requests, "config": self.configs });
+        if !self.constraints.is_empty() {
+            devices["constraints"] = json!(self.constraints);
+        }
+        json!({ "devices": devices })
     }
 
     /// The claim object.

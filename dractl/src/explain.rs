@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use dra_sdk_allocator::{
-    AllocationError, Allocator, DeviceExplanation, Explanation, NodeDevices, RequestExplanation,
-    Verdict,
+    AllocationError, Allocator, ConstraintExplanation, DeviceExplanation, Explanation, NodeDevices,
+    RequestExplanation, Verdict,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -315,12 +315,10 @@ impl<'a> Report<'a> {
             .explained
             .iter()
             .map(|e| match &e.outcome {
-                Ok(allocation) => {
-                    json!({ "node": e.node, "allocatable": true, "allocation": allocation })
-                }
-                Err(error) => {
-                    json!({ "node": e.node, "allocatable": false, "reason": error.to_string() })
-                }
+                Ok(allocation) => json!({ "node": e.node, "allocatable": true,
+                    "allocation": allocation, "constraints": e.constraints }),
+                Err(error) => json!({ "node": e.node, "allocatable": false,
+                    "reason": error.to_string(), "constraints": e.constraints }),
             })
             .collect();
         let requests: Vec<Value> = self
@@ -355,7 +353,17 @@ impl<'a> Report<'a> {
             "currentAllocation": current,
             "nodes": nodes,
             "requests": requests,
+            "constraints": self.constraints(),
         })
+    }
+
+    /// The constraints as judged on the predicted node, or on the only node tried.
+    fn constraints(&self) -> Option<&'a [ConstraintExplanation]> {
+        match (self.chosen, self.explained) {
+            (Some(chosen), _) => Some(&chosen.constraints),
+            (None, [one]) => Some(&one.constraints),
+            (None, _) => None,
+        }
     }
 
     /// The shortest reason no allocation is possible: the allocator's error on the one node
@@ -473,7 +481,20 @@ impl<'a> Report<'a> {
                     ),
                     Err(error) => {
                         println!("node {}: not allocatable: {}", e.node, short_reason(error));
+                        // Under each node: how the devices available there spread over the
+                        // values of each constraint's attribute.
+                        if self.chosen.is_none() {
+                            for constraint in &e.constraints {
+                                println!("  {constraint}");
+                            }
+                        }
                     }
+                }
+            }
+        } else if self.chosen.is_none() {
+            for e in self.explained {
+                for constraint in &e.constraints {
+                    println!("{constraint}");
                 }
             }
         }

@@ -414,6 +414,112 @@ fn constraints_and_templates() {
     assert_eq!(chosen, ["gpu-2", "gpu-3"]);
 }
 
+/// NVLink pairs: `gpu.example.com/nvlinkGroup` is nvl-0 for gpu-0 and gpu-2 of node-1, nvl-1
+/// for gpu-1 and gpu-3; gpu-0 is allocated and gpu-1 tainted.
+#[test]
+fn constraint_values_say_why_a_pair_is_refused() {
+    let file = fixture("claims/constraint-values.yaml");
+    let refused = "constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2 devices with one value, but no value has enough available devices: nvl-0: gpu-2; nvl-1: gpu-3";
+    let table = explain(&["nvlink-pair", "-f", &file, "--node", "node-1"]);
+    assert_eq!(table.code, 1, "{table}");
+    assert!(
+        table.stdout.ends_with(&format!(
+            "\n\n{refused}\nnot allocatable on node node-1: requests a, b: each can be satisfied alone but not together (claim constraints or competition for devices)\n"
+        )),
+        "{table}"
+    );
+    // Each GPU alone is available for both requests.
+    assert_eq!(
+        table
+            .stdout
+            .lines()
+            .filter(|l| l.ends_with("available"))
+            .map(|l| l.split_whitespace().nth(2).unwrap())
+            .collect::<Vec<_>>(),
+        ["gpu-2", "gpu-3", "gpu-2", "gpu-3"],
+        "{table}"
+    );
+
+    let run = explain(&["nvlink-pair", "-f", &file, "--node", "node-1", "-o", "json"]);
+    assert_eq!(run.code, 1, "{run}");
+    let report = run.json();
+    let device = |name: &str| json!({ "driver": "gpu.example.com", "pool": "node-1", "device": name, "requests": ["a", "b"] });
+    let constraints = json!([{
+        "constraint": 0, "kind": "matchAttribute", "attribute": "gpu.example.com/nvlinkGroup",
+        "requests": ["a", "b"], "needed": 2, "enough": false,
+        "values": [
+            { "value": "nvl-0", "devices": [device("gpu-2")] },
+            { "value": "nvl-1", "devices": [device("gpu-3")] },
+        ],
+    }]);
+    assert_eq!(report["constraints"], constraints);
+    assert_eq!(report["nodes"][0]["constraints"], constraints);
+
+    // Without --node: under each node.
+    let table = explain(&["nvlink-pair", "-f", &file]);
+    assert_eq!(table.code, 1, "{table}");
+    for line in [
+        format!("\n  {refused}\nnode node-2: not allocatable: "),
+        "\n  constraint #0 (matchAttribute gpu.example.com/nvlinkGroup, requests a, b): needs 2 devices with one value, but no available device has the attribute\nnot allocatable on any of the 2 nodes\n".to_owned(),
+    ] {
+        assert!(table.stdout.contains(&line), "{line:?} in {table}");
+    }
+
+    // Tolerating gpu-1's taint, one request for two gets the pair gpu-1 and gpu-3 of nvl-1.
+    let run = explain(&[
+        "nvlink-pair-tolerating",
+        "-f",
+        &file,
+        "--node",
+        "node-1",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(run.code, 0, "{run}");
+    let report = run.json();
+    let allocated: Vec<&str> = report["allocation"]["devices"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["device"].as_str().unwrap())
+        .collect();
+    assert_eq!(allocated, ["gpu-1", "gpu-3"]);
+    let constraint = &report["constraints"][0];
+    assert_eq!(
+        (
+            &constraint["requests"],
+            &constraint["needed"],
+            &constraint["enough"]
+        ),
+        (&json!(["gpus"]), &json!(2), &json!(true))
+    );
+    let values: Vec<(&str, Vec<&str>)> = constraint["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let devices = v["devices"].as_array().unwrap().iter();
+            (
+                v["value"].as_str().unwrap(),
+                devices.map(|d| d["device"].as_str().unwrap()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        values,
+        [("nvl-1", vec!["gpu-1", "gpu-3"]), ("nvl-0", vec!["gpu-2"])]
+    );
+    let table = explain(&["nvlink-pair-tolerating", "-f", &file, "--node", "node-1"]);
+    assert_eq!(table.code, 0, "{table}");
+    assert!(!table.stdout.contains("constraint #0"), "{table}");
+    assert!(
+        table.stdout.ends_with(
+            "\n\nallocatable on node node-1: gpus → gpu.example.com/node-1/gpu-1, gpus → gpu.example.com/node-1/gpu-3\n"
+        ),
+        "{table}"
+    );
+}
+
 #[test]
 fn a_node_alone_lists_its_devices_and_what_holds_them() {
     let run = explain(&["--node", "node-1", "-o", "json"]);

@@ -76,6 +76,18 @@ quarter_shares_of_gpu_11() {
       printed consumable-capacity pod "$ctr" '^GPU_DEVICE_11_COMPUTE=25$' || return 1
   done
 }
+# gpu_indices <namespace> <pod> <container>: the indices <n> of the whole GPUs
+# (GPU_DEVICE_<n>=<uuid>) the container got, sorted, one a line.
+gpu_indices() {
+  kubectl_ logs -n "$1" "$2" -c "$3" | sed -n 's/^GPU_DEVICE_\([0-9][0-9]*\)=.*$/\1/p' | sort -n
+}
+# Two GPUs of one NVLink pair: the mock driver bridges GPUs 2k and 2k+1 (same nvlinkGroup).
+two_gpus_of_one_nvlink_pair() {
+  local indices first second
+  indices=$(gpu_indices gpus-on-one-nvlink-group pod ctr | tr '\n' ' ')
+  read -r first second _ <<<"$indices"
+  [[ $(count "$indices") -eq 2 ]] && ((first % 2 == 0 && second == first + 1))
+}
 
 # check <demo>: the demo's expectations, as its README states them.
 check() {
@@ -108,6 +120,9 @@ check() {
     consumable-capacity)
       expect consumable-capacity "both claims share GPU 11, a quarter each" \
         quarter_shares_of_gpu_11 ;;
+    gpus-on-one-nvlink-group)
+      expect gpus-on-one-nvlink-group "two GPUs of one NVLink pair (2k and 2k+1)" \
+        two_gpus_of_one_nvlink_pair ;;
     *)
       echo "no demo $1 (the demos: ${DEMOS[*]})" >&2
       failed+=("$1") ;;

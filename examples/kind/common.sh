@@ -67,6 +67,9 @@ kubectl_() {
 
 # The demos, in the order run-demos.sh applies and checks them, one at a time: one directory
 # each under demos/. admin-access comes first: its `allocationMode: All` request gets the GPUs
-# that have capacity left, which is all 12 only while no other demo holds one.
+# that have capacity left, which is all 14 only while no other demo holds one.
+# gpus-on-one-nvlink-group comes last: the free GPUs are then 10, 12 and 13, so only its
+# constraint gets it the NVLink pair 12 and 13 rather than 10 and 12.
 DEMOS=(admin-access two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector
-  opaque-configs prioritized-list partitionable-devices consumable-capacity)
+  opaque-configs prioritized-list partitionable-devices consumable-capacity
+  gpus-on-one-nvlink-group)

@@ -2,7 +2,7 @@
 # Runs the demos one at a time, in the order of DEMOS in common.sh (or those named as
 # arguments, in the order given): applies a demo, waits until its pods run, and checks it with
 # check-demos.sh before the next one starts, so each check sees the GPUs as its README
-# describes them (admin-access, first, sees all 12; the demos after it hold a GPU each).
+# describes them (admin-access, first, sees all 14; the demos after it hold a GPU or two each).
 # Stops at the first demo that differs. Applying again changes nothing; a demo's namespace
 # holds all of its objects.
 set -euo pipefail

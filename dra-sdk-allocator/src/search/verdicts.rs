@@ -197,12 +197,8 @@ pub(crate) fn explain_requests(
         .iter()
         .enumerate()
         .filter_map(|(index, constraint)| {
-            let (attribute, kind) =
-                match (&constraint.match_attribute, &constraint.distinct_attribute) {
-                    (Some(attribute), None) => (attribute.clone(), ConstraintKind::Match),
-                    (None, Some(attribute)) => (attribute.clone(), ConstraintKind::Distinct),
-                    _ => return None,
-                };
+            let (kind, attribute) = constraint.kind()?;
+            let attribute = attribute.clone();
             let state = ConstraintState {
                 requests: constraint.requests.clone(),
                 attribute,

@@ -59,6 +59,16 @@ const A100_SXM4_80GB: Model = Model {
     ],
 };
 
+/// The 80GB A100 on a PCIe board: the SXM4 board's MIG table (the MIG user guide gives one
+/// table for the 80GB A100s).
+const A100_80GB_PCIE: Model = Model {
+    product_name: "NVIDIA A100 80GB PCIe",
+    device_id: "0x20b5",
+    compute_capability: "8.0.0",
+    architecture: "Ampere",
+    mig: A100_SXM4_80GB.mig,
+};
+
 const A100_SXM4_40GB: Model = Model {
     product_name: "NVIDIA A100-SXM4-40GB",
     device_id: "0x20b0",
@@ -100,10 +110,16 @@ const TESLA_T4: Model = Model {
 };
 
 fn model_of(product_name: &str) -> &'static Model {
-    [&A100_SXM4_80GB, &A100_SXM4_40GB, &H100_80GB_HBM3, &TESLA_T4]
-        .into_iter()
-        .find(|model| model.product_name == product_name)
-        .unwrap_or_else(|| panic!("no reference model for {product_name}"))
+    [
+        &A100_SXM4_80GB,
+        &A100_80GB_PCIE,
+        &A100_SXM4_40GB,
+        &H100_80GB_HBM3,
+        &TESLA_T4,
+    ]
+    .into_iter()
+    .find(|model| model.product_name == product_name)
+    .unwrap_or_else(|| panic!("no reference model for {product_name}"))
 }
 
 fn string(device: &Device, name: &str) -> String {
@@ -307,6 +323,78 @@ fn mixed_matches_the_reference() {
 fn workstation_matches_the_reference() {
     let counts = check_against_reference("workstation");
     assert_eq!(counts, BTreeMap::from([("gpu", 1), ("vfio", 1)]));
+}
+
+#[test]
+fn pcie_a100_bridged_matches_the_reference() {
+    let counts = check_against_reference("pcie-a100-bridged");
+    assert_eq!(counts, BTreeMap::from([("gpu", 4), ("vfio", 4)]));
+}
+
+/// NVLink attributes of every GPU of every profile, from the facts the profiles cite: `nvidia-smi
+/// topo -m` prints NV12 for every pair of a DGX A100 (six NVSwitches), NV18 for every pair of
+/// a DGX H100 (four NVSwitches), NV12 within a bridged pair of A100 PCIe boards; the T4 has no
+/// NVLink. `(device, group's first GPU index, active links)`; MIG devices carry the group only.
+#[test]
+fn nvlink_attributes_follow_the_topology_facts() {
+    fn attributes(profile: &str) -> Vec<(String, Option<usize>, Option<i64>)> {
+        let (_dir, backend, discovery) = discover(profile, false);
+        let uuids: Vec<String> = backend
+            .inventory()
+            .unwrap()
+            .gpus
+            .into_iter()
+            .map(|gpu| gpu.info.uuid)
+            .collect();
+        discovery
+            .devices()
+            .into_iter()
+            .map(|device| {
+                let group = match device.attributes.get("nvlinkGroup") {
+                    Some(AttributeValue::String(uuid)) => {
+                        Some(uuids.iter().position(|gpu| gpu == uuid).unwrap())
+                    }
+                    None => None,
+                    other => panic!("{}: nvlinkGroup is {other:?}", device.name),
+                };
+                let links = match device.attributes.get("nvlinkActiveLinks") {
+                    Some(AttributeValue::Int(links)) => Some(*links),
+                    None => None,
+                    other => panic!("{}: nvlinkActiveLinks is {other:?}", device.name),
+                };
+                (device.name, group, links)
+            })
+            .collect()
+    }
+    // DGX A100: GPUs 0-2 are in MIG mode (only their MIG devices are published), 3-7 whole.
+    for (name, group, links) in attributes("dgx-a100") {
+        assert_eq!(group, Some(0), "{name}");
+        let expected = (!name.contains("-mig-")).then_some(12);
+        assert_eq!(links, expected, "{name}");
+    }
+    assert_eq!(
+        attributes("dgx-h100"),
+        (0..8)
+            .map(|gpu| (format!("gpu-{gpu}"), Some(0), Some(18)))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        attributes("pcie-a100-bridged"),
+        [
+            ("gpu-0".to_owned(), Some(0), Some(12)),
+            ("gpu-1".to_owned(), Some(0), Some(12)),
+            ("gpu-2".to_owned(), Some(2), Some(12)),
+            ("gpu-3".to_owned(), Some(2), Some(12)),
+        ]
+    );
+    for profile in ["mixed", "workstation"] {
+        assert!(
+            attributes(profile)
+                .iter()
+                .all(|(_, group, links)| group.is_none() && links.is_none()),
+            "{profile}"
+        );
+    }
 }
 
 #[test]

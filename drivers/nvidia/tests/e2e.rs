@@ -10,7 +10,9 @@
 //! events from a file, used by the health test alone, and `node-dynmig` the `dgx-h100` profile
 //! with `DynamicMIG` (every GPU whole or split, kept apart by counters), used by the dynamic
 //! MIG test alone, and `node-dynmig-shared` the same with consumable shares
-//! (`--consumable-shares=memory`), used by the shared-partition test alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
+//! (`--consumable-shares=memory`), used by the shared-partition test alone; `node-pcie` the
+//! `pcie-a100-bridged` profile (four GPUs, NVLink-bridged in pairs), used by the NVLink test
+//! alone; `node-demo` has no plugin: `gpu-demo --kubeconfig` publishes its mock
 //! machine there (feature `demo`). An MPS control-daemon Deployment as the driver builds it
 //! runs on `node-h100` (the real controller manager and kubelet), with no plugin involved.
 
@@ -34,6 +36,7 @@ const H100_NODE: &str = "node-h100";
 const T4_NODE: &str = "node-t4";
 const DYNAMIC_MIG_NODE: &str = "node-dynmig";
 const SHARED_DYNAMIC_MIG_NODE: &str = "node-dynmig-shared";
+const PCIE_NODE: &str = "node-pcie";
 /// The node `gpu-demo --kubeconfig` publishes for; no plugin serves it.
 const DEMO_NODE: &str = "node-demo";
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -64,6 +67,7 @@ async fn fixture() -> Option<&'static Fixture> {
                         T4_NODE,
                         DYNAMIC_MIG_NODE,
                         SHARED_DYNAMIC_MIG_NODE,
+                        PCIE_NODE,
                         DEMO_NODE,
                     ])
                     .start()
@@ -76,6 +80,7 @@ async fn fixture() -> Option<&'static Fixture> {
                     (T4_NODE, "workstation"),
                     (DYNAMIC_MIG_NODE, "dgx-h100"),
                     (SHARED_DYNAMIC_MIG_NODE, "dgx-h100"),
+                    (PCIE_NODE, "pcie-a100-bridged"),
                 ] {
                     let node = cluster.node(node).unwrap();
                     let extra = match node.name() {
@@ -623,11 +628,10 @@ async fn allocated_device(claims: &Api<ResourceClaim>, pod: &str) -> (String, St
     (allocation.claim_uid, allocation.device)
 }
 
-/// What the claim made for `pod` from its template got: one device of ours.
-async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
+/// The claim made for `pod` from its template.
+async fn claim_of(claims: &Api<ResourceClaim>, pod: &str) -> ResourceClaim {
     let list = claims.list(&ListParams::default()).await.unwrap();
-    let claim = list
-        .items
+    list.items
         .into_iter()
         .find(|claim| {
             claim
@@ -637,7 +641,22 @@ async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
                 .flatten()
                 .any(|owner| owner.kind == "Pod" && owner.name == pod)
         })
-        .unwrap_or_else(|| panic!("no claim owned by pod {pod}"));
+        .unwrap_or_else(|| panic!("no claim owned by pod {pod}"))
+}
+
+/// The devices allocated to the claim of `pod`, sorted.
+async fn devices_of(claims: &Api<ResourceClaim>, pod: &str) -> Vec<String> {
+    let mut devices: Vec<String> = allocation_results(&claim_of(claims, pod).await)
+        .into_iter()
+        .map(|result| result.device)
+        .collect();
+    devices.sort();
+    devices
+}
+
+/// What the claim made for `pod` from its template got: one device of ours.
+async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
+    let claim = claim_of(claims, pod).await;
     let results = allocation_results(&claim);
     assert_eq!(results.len(), 1, "{pod}: {results:?}");
     assert_eq!(results[0].driver, DRIVER_NAME);
@@ -646,6 +665,91 @@ async fn allocation(claims: &Api<ResourceClaim>, pod: &str) -> Allocation {
         device: results[0].device.clone(),
         share_id: results[0].share_id.clone(),
     }
+}
+
+/// NVLink topology with the real scheduler: on the PCIe server whose GPUs are bridged in pairs
+/// (0-1 and 2-3), a claim for two GPUs with `matchAttribute: gpu.nvidia.com/nvlinkGroup` gets
+/// a bridged pair. With GPU 0 held by another pod it gets GPUs 2 and 3 (never 1 and 2, which a
+/// claim without the constraint may get); a second pair claim waits while only GPU 1 is free,
+/// and gets GPUs 0 and 1 once GPU 0 is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_gpu_claim_gets_a_bridged_pair_with_the_real_scheduler() {
+    let Some(fixture) = fixture().await else {
+        return;
+    };
+    let (node, client, namespace) = scene(fixture, PCIE_NODE, "nvlink").await;
+    let gpu0 = dra_driver_nvidia::backend::mock::MockBackend::from_profile("pcie-a100-bridged")
+        .unwrap()
+        .hardware()
+        .gpus[0]
+        .info
+        .uuid
+        .clone();
+    let first_gpu = workload::claim_template(
+        &namespace,
+        "first-gpu",
+        "gpu.nvidia.com",
+        json!({ "selectors": [{ "cel": { "expression":
+            format!("device.attributes['gpu.nvidia.com'].uuid == '{gpu0}'") } }] }),
+        None,
+    )
+    .unwrap();
+    let pair: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": { "name": "nvlink-pair", "namespace": namespace },
+        "spec": { "spec": { "devices": {
+            "requests": [{ "name": "gpus", "exactly": { "deviceClassName": "gpu.nvidia.com", "count": 2 } }],
+            "constraints": [{ "matchAttribute": "gpu.nvidia.com/nvlinkGroup" }],
+        } } },
+    }))
+    .unwrap();
+    let templates = Api::<ResourceClaimTemplate>::namespaced(client.clone(), &namespace);
+    for template in [&first_gpu, &pair] {
+        templates
+            .create(&PostParams::default(), template)
+            .await
+            .unwrap();
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let run = |pod: &'static str, template: &'static str| {
+        let spec = workload::pod_using(
+            &namespace,
+            pod,
+            node.name(),
+            &ClaimSource::Template(template.to_owned()),
+            &["main"],
+        );
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &spec).await.unwrap() }
+    };
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &namespace);
+
+    run("single", "first-gpu").await;
+    workload::wait_for_pod_running(&client, &namespace, "single", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(devices_of(&claims, "single").await, ["gpu-0"]);
+
+    run("pair-a", "nvlink-pair").await;
+    workload::wait_for_pod_running(&client, &namespace, "pair-a", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(devices_of(&claims, "pair-a").await, ["gpu-2", "gpu-3"]);
+
+    run("pair-b", "nvlink-pair").await;
+    workload::wait_for_pod_event(&client, &namespace, "pair-b", "FailedScheduling", TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("pair-b should wait for a whole pair: {error}"));
+    workload::delete_pods(&client, &namespace, &["single"], TIMEOUT)
+        .await
+        .unwrap();
+    workload::wait_for_pod_running(&client, &namespace, "pair-b", TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(devices_of(&claims, "pair-b").await, ["gpu-0", "gpu-1"]);
+    workload::delete_pods(&client, &namespace, &["pair-a", "pair-b"], TIMEOUT)
+        .await
+        .unwrap();
 }
 
 /// Device health with the real scheduler: an XID on the T4 node's only GPU taints it

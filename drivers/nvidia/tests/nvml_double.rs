@@ -91,6 +91,132 @@ fn every_profile_publishes_the_same_slices_through_nvml() {
     }
 }
 
+// ---- NVLink --------------------------------------------------------------------------------
+
+/// Links, their far ends and NVML's peer-to-peer answer, read through `nvmlDeviceGetNvLinkState`,
+/// `nvmlDeviceGetNvLinkRemotePciInfo_v2` and `nvmlDeviceGetP2PStatus`, are the mock backend's,
+/// GPU by GPU, on every shipped profile.
+#[test]
+fn nvlinks_and_peers_read_the_same_through_nvml() {
+    for (profile, _) in SHIPPED_PROFILES {
+        let (_double, nvml) = over_double(profile);
+        let read = nvml.inventory().unwrap();
+        let expected = mock_inventory(profile);
+        assert_eq!(read.gpus.len(), expected.gpus.len(), "{profile}");
+        for (nvml_gpu, mock_gpu) in read.gpus.iter().zip(&expected.gpus) {
+            let gpu = format!("{profile}: GPU {}", mock_gpu.info.index);
+            assert_eq!(nvml_gpu.info.uuid, mock_gpu.info.uuid, "{gpu}");
+            assert_eq!(nvml_gpu.nvlinks, mock_gpu.nvlinks, "{gpu}");
+            assert_eq!(nvml_gpu.nvlink_peers, mock_gpu.nvlink_peers, "{gpu}");
+            assert_eq!(
+                nvml.nvlinks(&mock_gpu.info.uuid).unwrap(),
+                mock_gpu.nvlinks,
+                "{gpu}: asked alone"
+            );
+        }
+    }
+    // What the shipped profiles hold, so that the comparison above compares something.
+    let links = |profile: &str| -> Vec<usize> {
+        let (_double, nvml) = over_double(profile);
+        nvml.inventory()
+            .unwrap()
+            .gpus
+            .iter()
+            .map(|gpu| gpu.nvlinks.iter().filter(|link| link.active).count())
+            .collect()
+    };
+    assert_eq!(links("dgx-a100"), [12; 8]);
+    assert_eq!(links("dgx-h100"), [18; 8]);
+    assert_eq!(links("pcie-a100-bridged"), [12; 4]);
+    assert_eq!(links("mixed"), [0, 0]);
+}
+
+/// A bridged pair is a pair: NVML's far end of each link is the partner GPU, and NVML's P2P
+/// answer names the partner and nothing across the pairs.
+#[test]
+fn bridged_pairs_are_read_through_nvml() {
+    let (_double, nvml) = over_double("pcie-a100-bridged");
+    let gpus = nvml.inventory().unwrap().gpus;
+    let uuid = |at: usize| gpus[at].info.uuid.clone();
+    for (gpu, partner) in [(0, 1), (1, 0), (2, 3), (3, 2)] {
+        let far_ends: Vec<Option<&str>> = gpus[gpu]
+            .nvlinks
+            .iter()
+            .map(|link| link.remote_pci_bus_id.as_deref())
+            .collect();
+        assert_eq!(
+            far_ends,
+            [Some(gpus[partner].info.pci.bus_id.as_str()); 12],
+            "GPU {gpu}"
+        );
+        assert_eq!(
+            gpus[gpu].nvlink_peers,
+            Some(vec![uuid(partner)]),
+            "GPU {gpu}"
+        );
+    }
+    assert_eq!(nvml.nvlink_p2p(&uuid(0), &uuid(1)).unwrap(), Some(true));
+    assert_eq!(nvml.nvlink_p2p(&uuid(1), &uuid(2)).unwrap(), Some(false));
+}
+
+/// NVML_ERROR_NOT_SUPPORTED on link 0: no NVLink, an empty list, and no peers asked.
+#[test]
+fn a_gpu_without_nvlink_has_no_links() {
+    let (_double, nvml) = over_double("workstation");
+    let t4 = nvml.gpus().unwrap().remove(0);
+    assert_eq!(t4.product_name, "Tesla T4");
+    assert!(nvml.nvlinks(&t4.uuid).unwrap().is_empty());
+    let read = nvml.inventory().unwrap();
+    assert!(read.gpus[0].nvlinks.is_empty());
+    assert_eq!(read.gpus[0].nvlink_peers, None);
+}
+
+/// Links up whose far end NVML cannot name (NVSwitches invisible in a VM): the links count as
+/// up with no far end, and the peers come from NVML's P2P answer, which the links alone could
+/// not give.
+#[test]
+fn peers_come_from_nvml_when_far_ends_are_unknown() {
+    let yaml = r#"
+name: vm-without-nvswitches
+driverVersion: "580.126.20"
+cudaDriverVersion: "13.0"
+models:
+  h100:
+    productName: NVIDIA H100 80GB HBM3
+    brand: Nvidia
+    architecture: Hopper
+    computeCapability: "9.0"
+    memoryMiB: 81559
+    pciDeviceId: "0x2330"
+gpus:
+  - { model: h100, pciBusId: "0000:18:00.0", nvlinks: [unknown, unknown, null], nvlinkPeers: ["0000:2a:00.0"] }
+  - { model: h100, pciBusId: "0000:2a:00.0", nvlinks: [unknown, unknown, null], nvlinkPeers: ["0000:18:00.0"] }
+  - { model: h100, pciBusId: "0000:3a:00.0", nvlinks: [unknown], nvlinkPeers: [] }
+  - { model: h100, pciBusId: "0000:5d:00.0" }
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vm.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let profile = path.to_str().unwrap();
+    let (_double, nvml) = over_double(profile);
+    let read = nvml.inventory().unwrap();
+    let uuid = |at: usize| read.gpus[at].info.uuid.clone();
+
+    let first = &read.gpus[0].nvlinks;
+    assert_eq!(first.len(), 3);
+    assert!(first[0].active && first[1].active && !first[2].active);
+    assert!(first.iter().all(|link| link.remote_pci_bus_id.is_none()));
+    // NVML's P2P answer: the first two are peers, the third is linked to neither.
+    assert_eq!(read.gpus[0].nvlink_peers, Some(vec![uuid(1)]));
+    assert_eq!(read.gpus[1].nvlink_peers, Some(vec![uuid(0)]));
+    assert_eq!(read.gpus[2].nvlink_peers, Some(vec![]));
+    // No link, nothing asked.
+    assert!(read.gpus[3].nvlinks.is_empty());
+    assert_eq!(read.gpus[3].nvlink_peers, None);
+    assert_eq!(nvml.nvlink_p2p(&uuid(0), &uuid(2)).unwrap(), Some(false));
+    assert_eq!(read, mock_inventory(profile));
+}
+
 // ---- what real nodes do to NVML ------------------------------------------------------------
 
 use std::time::Duration;

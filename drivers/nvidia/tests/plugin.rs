@@ -120,6 +120,16 @@ impl Fixture {
         if let Some(selector) = selector {
             claim = claim.selector(selector);
         }
+        self.allocate_claim(name, claim).await
+    }
+
+    /// Creates and allocates `claim` (named `name`); its allocation results, or the
+    /// allocator's error.
+    async fn allocate_claim(
+        &self,
+        name: &str,
+        claim: NewClaim,
+    ) -> Result<Vec<DeviceRequestAllocationResult>, String> {
         self.cluster.create_claim(claim).await.unwrap();
         self.cluster
             .allocate("default", name)
@@ -423,6 +433,50 @@ async fn dynamic_mig_counters_keep_partitions_apart() {
     fixture
         .refused("four", "mig.nvidia.com", Some(&on_gpu0("2g.20gb")))
         .await;
+}
+
+/// NVLink topology through the test kit's allocator: on the PCIe server bridged in pairs
+/// (0-1, 2-3), a two-GPU claim with `matchAttribute` on `gpu.nvidia.com/nvlinkGroup` gets a
+/// bridged pair even when another pair would be free GPU by GPU, and waits when no pair is
+/// whole; a three-GPU claim never fits in a group.
+#[tokio::test]
+async fn two_gpu_claims_get_gpus_of_one_nvlink_group() {
+    let fixture = start("pcie-a100-bridged", "").await;
+    let gpu0 = fixture._nvidia.discovery.gpus[0].info.uuid.clone();
+    let pair = |name: &str, count: u32| {
+        NewClaim::new("default", name)
+            .request("gpus", "gpu.nvidia.com")
+            .count(count)
+            .match_attribute("gpu.nvidia.com/nvlinkGroup", &[])
+    };
+    let devices = |results: Vec<DeviceRequestAllocationResult>| {
+        let mut devices: Vec<String> = results.into_iter().map(|result| result.device).collect();
+        devices.sort();
+        devices
+    };
+
+    // GPU 0 taken: gpu-1 and gpu-2 are free too, but only 2-3 is a pair.
+    let single = format!("device.attributes['gpu.nvidia.com'].uuid == '{gpu0}'");
+    assert_eq!(
+        fixture
+            .allocate("single", "gpu.nvidia.com", Some(&single))
+            .await
+            .unwrap(),
+        ["gpu-0"]
+    );
+    let first = fixture.allocate_claim("pair-a", pair("pair-a", 2)).await;
+    assert_eq!(devices(first.unwrap()), ["gpu-2", "gpu-3"]);
+    // Only gpu-1 is left of a pair.
+    let error = fixture
+        .allocate_claim("pair-b", pair("pair-b", 2))
+        .await
+        .unwrap_err();
+    assert!(!error.is_empty());
+    // No group has three GPUs.
+    fixture
+        .allocate_claim("trio", pair("trio", 3))
+        .await
+        .unwrap_err();
 }
 
 /// What reaches the API server is the same, byte for byte, whether the plugin reads the

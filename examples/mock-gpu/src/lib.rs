@@ -15,6 +15,16 @@
 //!   whose default is all of it, so claims that ask for no capacity still get a GPU to
 //!   themselves while claims that ask for a share (`capacity.requests`) can share one GPU.
 //!
+//! Every GPU publishes `index`, `uuid`, `model` and `driverVersion`, the capacities `memory`
+//! and `compute`, and a mock **NVLink topology** the scheduler can use: GPUs `2k` and `2k+1`
+//! form an NVLink-bridged pair, and both carry `nvlinkGroup` (string: the UUID of GPU `2k`, the
+//! same on both GPUs of the pair and different for every other pair, across the cluster too) and
+//! `nvlinkActiveLinks` (int: [`NVLINK_ACTIVE_LINKS`], 12). A GPU without a peer (the last one
+//! of an odd count) has neither attribute. A claim for two GPUs with
+//! `constraints: [{matchAttribute: gpu.example.com/nvlinkGroup}]` gets the two GPUs of one pair,
+//! as a claim with `gpu.nvidia.com/nvlinkGroup` does with the NVIDIA driver, whose attributes
+//! these model. Partitions carry their GPU's.
+//!
 //! At run time it uses the SDK's [`DriverContext`]: GPUs can be hot-plugged
 //! ([`MockGpuDriver::add_gpu`]) or changed ([`MockGpuDriver::update_gpu`]), and a GPU marked
 //! unhealthy ([`MockGpuDriver::set_gpu_health`]) is reported on the kubelet's health stream and
@@ -59,6 +69,9 @@ const GPU_MEMORY_MIB: u64 = 80 * 1024;
 const GPU_COMPUTE: u64 = 100;
 /// The most partitions a GPU can be cut into: each must get at least one compute unit.
 pub const MAX_PARTITIONS: u32 = 100;
+/// The `nvlinkActiveLinks` of each GPU of an NVLink-bridged pair: three bridges of four links,
+/// as on a pair of PCIe data-center GPUs.
+pub const NVLINK_ACTIVE_LINKS: i64 = 12;
 
 /// How the GPUs are published, beyond their number: the optional partitionable and
 /// consumable-capacity modes (both off by default, as upstream).
@@ -130,10 +143,17 @@ pub struct MockGpu {
     /// Compute units.
     #[dra(capacity)]
     pub compute: Quantity,
+    /// `nvlinkGroup`: the same value on both GPUs of an NVLink-bridged pair (the UUID of its
+    /// even-indexed GPU); `None`, and not published, on a GPU without a peer.
+    pub nvlink_group: Option<String>,
+    /// `nvlinkActiveLinks`: the NVLinks up, [`NVLINK_ACTIVE_LINKS`] in a pair; `None`, and not
+    /// published, on a GPU without NVLink.
+    pub nvlink_active_links: Option<i64>,
 }
 
 impl MockGpu {
-    /// The `index`-th GPU of `node_name`; the UUID is the same on every start.
+    /// The `index`-th GPU of `node_name`; the UUID is the same on every start. It has no NVLink
+    /// peer until [`MockGpu::bridge`] pairs it (the driver pairs GPUs `2k` and `2k+1`).
     pub fn new(node_name: &str, index: u32) -> Self {
         let digest = Sha256::digest(format!("{node_name}/{index}").as_bytes());
         let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
@@ -152,6 +172,18 @@ impl MockGpu {
             driver_version: dra_sdk::attributes::Version::new(1, 0, 0),
             memory: Quantity("80Gi".into()),
             compute: Quantity("100".into()),
+            nvlink_group: None,
+            nvlink_active_links: None,
+        }
+    }
+
+    /// Connects this GPU and `peer` with an NVLink bridge: both get the same `nvlinkGroup`,
+    /// this GPU's UUID, and [`NVLINK_ACTIVE_LINKS`] active links.
+    pub fn bridge(&mut self, peer: &mut MockGpu) {
+        let group = self.uuid.clone();
+        for gpu in [self, peer] {
+            gpu.nvlink_group = Some(group.clone());
+            gpu.nvlink_active_links = Some(NVLINK_ACTIVE_LINKS);
         }
     }
 
@@ -251,6 +283,21 @@ impl MockGpu {
     }
 }
 
+/// Appends the next GPU of `node_name` (index: how many there are) to `gpus` and returns it. A
+/// GPU with an odd index `2k+1` is bridged by NVLink to GPU `2k` ([`MockGpu::bridge`]); one
+/// with an even index has no peer until the next GPU comes.
+fn push_gpu(gpus: &mut Vec<MockGpu>, node_name: &str) -> MockGpu {
+    let index = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
+    let mut gpu = MockGpu::new(node_name, index);
+    if gpu.index % 2 == 1
+        && let Some(peer) = gpus.iter_mut().find(|g| g.index == gpu.index - 1)
+    {
+        peer.bridge(&mut gpu);
+    }
+    gpus.push(gpu.clone());
+    gpu
+}
+
 /// Why a run-time change to the mock GPUs failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -294,16 +341,18 @@ pub struct MockGpuDriver {
 }
 
 impl MockGpuDriver {
-    /// A driver with `num_devices` GPUs on `node_name`.
+    /// A driver with `num_devices` GPUs on `node_name`, GPUs `2k` and `2k+1` bridged by NVLink
+    /// ([`MockGpu::bridge`]); with an odd `num_devices` the last one has no peer.
     pub fn new(
         driver_name: impl Into<String>,
         node_name: impl Into<String>,
         num_devices: u32,
     ) -> Self {
         let node_name = node_name.into();
-        let gpus = (0..num_devices)
-            .map(|i| MockGpu::new(&node_name, i))
-            .collect();
+        let mut gpus = Vec::new();
+        for _ in 0..num_devices {
+            push_gpu(&mut gpus, &node_name);
+        }
         Self {
             driver_name: driver_name.into(),
             node_name,
@@ -387,15 +436,14 @@ impl MockGpuDriver {
             .collect()
     }
 
-    /// Hot-plugs one more GPU (the next index) and publishes it; it is healthy.
+    /// Hot-plugs one more GPU (the next index) and publishes it; it is healthy. A GPU with an
+    /// odd index is bridged by NVLink to the one before it, which gets its `nvlinkGroup` and
+    /// `nvlinkActiveLinks` now; one with an even index has no peer yet.
     pub fn add_gpu(&self) -> Result<MockGpu, RuntimeError> {
         let context = self.context()?;
         let gpu = {
             let mut gpus = self.lock_gpus();
-            let index = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
-            let gpu = MockGpu::new(&self.node_name, index);
-            gpus.push(gpu.clone());
-            gpu
+            push_gpu(&mut gpus, &self.node_name)
         };
         context.publish(self.resources())?;
         // One device at a time: `set_device_states` would replace the other GPUs' states.
@@ -602,6 +650,7 @@ impl Driver for MockGpuDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dra_sdk::slices::AttributeValue;
 
     #[test]
     fn uuids_are_deterministic_per_node_and_index() {
@@ -612,12 +661,83 @@ mod tests {
 
     #[test]
     fn devices_carry_the_documented_attributes() {
-        let device = MockGpu::new("node", 3).device();
+        let gpus = MockGpuDriver::new(DEFAULT_DRIVER_NAME, "node", 4).gpus();
+        let device = gpus[3].device();
         assert_eq!(device.name, "gpu-3");
-        for key in ["index", "uuid", "model", "driverVersion"] {
+        for key in [
+            "index",
+            "uuid",
+            "model",
+            "driverVersion",
+            "nvlinkGroup",
+            "nvlinkActiveLinks",
+        ] {
             assert!(device.attributes.contains_key(key), "{key}");
         }
+        assert_eq!(device.attributes.len(), 6, "{:?}", device.attributes);
         assert_eq!(device.capacity["memory"].value.0, "80Gi");
+        assert_eq!(
+            device.attributes["nvlinkGroup"],
+            AttributeValue::String(gpus[2].uuid.clone())
+        );
+        assert_eq!(
+            device.attributes["nvlinkActiveLinks"],
+            AttributeValue::Int(NVLINK_ACTIVE_LINKS)
+        );
+    }
+
+    /// `gpu-<i>` → its `nvlinkGroup`, for the whole GPUs of `resources`.
+    fn nvlink_groups(resources: &DriverResources) -> Vec<(String, Option<AttributeValue>)> {
+        resources
+            .pools
+            .values()
+            .flat_map(|pool| &pool.devices)
+            .map(|d| (d.name.clone(), d.attributes.get("nvlinkGroup").cloned()))
+            .collect()
+    }
+
+    #[test]
+    fn gpus_2k_and_2k_plus_1_share_an_nvlink_group_and_a_lone_gpu_has_none() {
+        let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, "node", 5);
+        let gpus = driver.gpus();
+        let group = |i: usize| gpus[i].nvlink_group.clone();
+        assert_eq!(group(0), Some(gpus[0].uuid.clone()));
+        assert_eq!(group(0), group(1));
+        assert_eq!(group(2), Some(gpus[2].uuid.clone()));
+        assert_eq!(group(2), group(3));
+        assert_ne!(group(1), group(2));
+        // The fifth GPU has no peer: neither attribute is published.
+        let lone = gpus[4].device();
+        assert!(!lone.attributes.contains_key("nvlinkGroup"), "{lone:?}");
+        assert!(
+            !lone.attributes.contains_key("nvlinkActiveLinks"),
+            "{lone:?}"
+        );
+        // The same on every start, and another node's pairs have other groups.
+        let resources = driver.resources();
+        assert_eq!(
+            nvlink_groups(&resources),
+            nvlink_groups(&MockGpuDriver::new(DEFAULT_DRIVER_NAME, "node", 5).resources())
+        );
+        let other = MockGpuDriver::new(DEFAULT_DRIVER_NAME, "other", 5).gpus();
+        assert_ne!(other[0].nvlink_group, group(0));
+        // Within the limits the API server sets per device.
+        resources
+            .validate(&dra_sdk::advanced::slices::SliceLimits::strictest())
+            .unwrap();
+    }
+
+    #[test]
+    fn a_hot_plugged_gpu_with_an_odd_index_is_bridged_to_the_one_before() {
+        let mut gpus = MockGpuDriver::new(DEFAULT_DRIVER_NAME, "node", 3).gpus();
+        assert_eq!(gpus[2].nvlink_group, None);
+        let added = push_gpu(&mut gpus, "node");
+        assert_eq!(added.index, 3);
+        assert_eq!(added.nvlink_group, Some(gpus[2].uuid.clone()));
+        assert_eq!(gpus[2].nvlink_group, added.nvlink_group);
+        assert_eq!(gpus[2].nvlink_active_links, Some(NVLINK_ACTIVE_LINKS));
+        let added = push_gpu(&mut gpus, "node");
+        assert_eq!((added.index, added.nvlink_group), (4, None));
     }
 
     #[test]
@@ -669,6 +789,15 @@ mod tests {
         );
         // The whole GPU consumes the whole set; three partitions stay within it.
         assert_eq!(devices[0].consumes_counters[0].counters, counters.counters);
+        // Partitions carry their GPU's NVLink group.
+        let mut gpus = MockGpuDriver::new(DEFAULT_DRIVER_NAME, "node", 2).gpus();
+        let (paired, _) = gpus.remove(1).publish(options);
+        assert!(
+            paired
+                .iter()
+                .all(|d| d.attributes["nvlinkGroup"] == paired[0].attributes["nvlinkGroup"]),
+            "{paired:?}"
+        );
         let partition = &devices[1].consumes_counters[0].counters;
         assert_eq!(partition["memory"].0, "27306Mi");
         assert_eq!(partition["compute"].0, "33");

@@ -4,7 +4,8 @@
 //! allocated by the SDK's scheduler-like allocator (CEL, `All`, admin access), prepared by the
 //! mock GPU plugin through the simulated kubelet, and the environment each container would get
 //! from the CDI specs is checked against what the demo's README promises, the same checks
-//! `examples/kind/check-demos.sh` makes on a kind cluster. The driver runs with the settings
+//! `examples/kind/check-demos.sh` makes on a kind cluster; each demo alone, and all of them on
+//! one node one after the other, as `run-demos.sh` runs them. The driver runs with the settings
 //! `install-driver.sh` installs the chart with (`examples/kind/driver-values.yaml`) and the
 //! chart's DeviceClasses.
 
@@ -19,7 +20,7 @@ use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::cluster::{NODE_NAME, RunningPlugin, TestCluster, claim_ref};
 use dra_sdk_testing::kubelet::KubeletDevice;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use mock_gpu::classes::device_classes;
 use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver, PublishOptions};
 use serde_json::{Value, json};
@@ -85,8 +86,14 @@ type Results = BTreeMap<String, Vec<String>>;
 
 /// [`run_demo`], and the claims' allocation results.
 async fn run_demo_with_results(name: &str) -> (Environments, Results) {
+    run_demo_on(&start_kind_like_cluster().await, name).await
+}
+
+/// Runs one demo in `running`, next to whatever its claims hold already (the walkthrough runs
+/// the demos one after the other on one node, and they stay): the containers' environments and
+/// the claims' allocation results.
+async fn run_demo_on(running: &RunningPlugin, name: &str) -> (Environments, Results) {
     let documents = yaml_documents(&demos_dir().join(name).join("demo.yaml"));
-    let running = start_kind_like_cluster().await;
     let client = running.cluster().client();
     let templates: BTreeMap<&str, &Value> = documents
         .iter()
@@ -124,7 +131,7 @@ async fn run_demo_with_results(name: &str) -> (Environments, Results) {
                 None => entry["resourceClaimName"].as_str().unwrap().to_owned(),
             };
             if !prepared.contains_key(&claim_name) {
-                let (devices, requests) = prepare(&running, namespace, &claim_name).await;
+                let (devices, requests) = prepare(running, namespace, &claim_name).await;
                 prepared.insert(claim_name.clone(), devices);
                 results.insert(claim_name.clone(), requests);
             }
@@ -403,6 +410,110 @@ async fn two_claims_share_one_gpu_by_capacity() {
     assert_ne!(claim_of(a), claim_of(b));
 }
 
+/// The indices `<n>` of the whole GPUs (`GPU_DEVICE_<n>=<uuid>`) in an environment, sorted.
+fn gpu_indices(env: &[String]) -> Vec<u32> {
+    let mut indices: Vec<u32> = env
+        .iter()
+        .filter_map(|line| line.split_once('='))
+        .filter_map(|(name, _)| name.strip_prefix("GPU_DEVICE_")?.parse().ok())
+        .collect();
+    indices.sort_unstable();
+    indices
+}
+
+/// Two GPUs of one NVLink-bridged pair of the mock driver: `2k` and `2k+1`.
+fn is_nvlink_pair(indices: &[u32]) -> bool {
+    matches!(indices, [a, b] if a % 2 == 0 && *b == a + 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gpus_of_one_nvlink_group() {
+    let env = run_demo("gpus-on-one-nvlink-group").await;
+    let ctr = &env["pod/ctr"];
+    assert_eq!(uuids(ctr).len(), 2, "{ctr:#?}");
+    assert!(is_nvlink_pair(&gpu_indices(ctr)), "{ctr:#?}");
+}
+
+/// The GPU indices a claim with the spec of `demo`'s (only) ResourceClaimTemplate, less its
+/// constraints, is allocated in `running` now; the claim is deleted again.
+async fn allocate_without_constraints(running: &RunningPlugin, demo: &str) -> Vec<u32> {
+    let documents = yaml_documents(&demos_dir().join(demo).join("demo.yaml"));
+    let template = documents
+        .iter()
+        .find(|d| d["kind"] == "ResourceClaimTemplate")
+        .unwrap();
+    let mut spec = template["spec"]["spec"].clone();
+    assert!(
+        spec["devices"]
+            .as_object_mut()
+            .unwrap()
+            .remove("constraints")
+            .is_some(),
+        "{demo} has no constraints"
+    );
+    let client = running.cluster().client();
+    let name = "without-constraints";
+    create_claim(
+        &client,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": spec,
+        }),
+    )
+    .await;
+    let claim = allocate_claim(&client, "default", name, NODE_NAME, None)
+        .await
+        .unwrap();
+    let mut indices: Vec<u32> =
+        serde_json::to_value(&claim).unwrap()["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|result| {
+                let device = result["device"].as_str().unwrap();
+                device.strip_prefix("gpu-").unwrap().parse().unwrap()
+            })
+            .collect();
+    indices.sort_unstable();
+    // Without the finalizer the allocator added, the claim is gone at once, and its devices
+    // with it (no resourceclaim controller runs here).
+    let claims = Api::<ResourceClaim>::namespaced(client, "default");
+    let no_finalizers = Patch::Merge(json!({ "metadata": { "finalizers": null } }));
+    claims
+        .patch(name, &PatchParams::default(), &no_finalizers)
+        .await
+        .unwrap();
+    claims.delete(name, &Default::default()).await.unwrap();
+    indices
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_fit_on_one_node_one_after_the_other() {
+    // As run-demos.sh runs them: in DEMOS order on one node, each next to what the demos
+    // before it hold. Every claim is still allocated and prepared; admin-access, first, sees
+    // every GPU; the NVLink demo, last, gets a pair where a claim without its constraint
+    // would get two GPUs of different pairs (the READMEs say which).
+    let running = start_kind_like_cluster().await;
+    let (num_devices, _) = kind_driver_settings();
+    let mut held = BTreeMap::new();
+    for demo in demos_in_order() {
+        if demo == "gpus-on-one-nvlink-group" {
+            let unconstrained = allocate_without_constraints(&running, &demo).await;
+            assert_eq!(unconstrained, [10, 12], "{held:?}");
+        }
+        let (env, _) = run_demo_on(&running, &demo).await;
+        let mut indices: Vec<u32> = env.values().flat_map(|env| gpu_indices(env)).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        held.insert(demo, indices);
+    }
+    let all: Vec<u32> = (0..num_devices).collect();
+    assert_eq!(held["admin-access"], all);
+    assert_eq!(held["consumable-capacity"], [11], "{held:?}");
+    assert_eq!(held["gpus-on-one-nvlink-group"], [12, 13], "{held:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_capacity_requests_still_gets_a_whole_gpu() {
     // The request policy's default is all of the GPU: the other demos' claims, which ask for
@@ -552,12 +663,13 @@ const GPUS_HELD: &[(&str, u32)] = &[
     ("prioritized-list", 1),
     ("partitionable-devices", 2),
     ("consumable-capacity", 0),
+    ("gpus-on-one-nvlink-group", 2),
 ];
 
 /// `kubectl`: records the call; `apply` and `wait` record the demo; `logs` of a demo's
 /// container prints `state/logs/<namespace>/<pod>/<container>`, except admin-access's, which
-/// gets every GPU minus those the demos applied before its pods were waited for hold (the
-/// scheduler may place any applied pod first); the DaemonSet's `desiredNumberScheduled` is
+/// gets every GPU (`state/num-devices`) minus those the demos applied before its pods were
+/// waited for hold (the scheduler may place any applied pod first); the DaemonSet's `desiredNumberScheduled` is
 /// `state/desired`, the nodes publishing slices `state/slices`, the cluster's nodes
 /// `state/nodes`.
 const KUBECTL_STUB: &str = r#"#!/usr/bin/env bash
@@ -582,7 +694,7 @@ case $1 in
   logs)
     ns=$3 pod=$4 ctr=$6
     if [[ $ns == admin-access ]]; then
-      for ((i = 0; i < 12 - $(cat "$STUB_STATE/admin-held"); i++)); do echo "GPU_DEVICE_$i=gpu-$i"; done
+      for ((i = 0; i < $(cat "$STUB_STATE/num-devices") - $(cat "$STUB_STATE/admin-held"); i++)); do echo "GPU_DEVICE_$i=gpu-$i"; done
       echo DRA_ADMIN_ACCESS=true
     else
       cat "$STUB_STATE/logs/$ns/$pod/$ctr"
@@ -678,6 +790,7 @@ impl Stubs {
             .map(|(demo, gpus)| format!("{demo} {gpus}\n"))
             .collect();
         stubs.set("held", &held);
+        stubs.set("num-devices", &kind_driver_settings().0.to_string());
         stubs.set_passing_logs();
         stubs
     }
@@ -721,6 +834,10 @@ impl Stubs {
             (
                 "partitionable-devices/pod/whole-ctr",
                 &["GPU_DEVICE_9=gpu-j"],
+            ),
+            (
+                "gpus-on-one-nvlink-group/pod/ctr",
+                &["GPU_DEVICE_12=gpu-m", "GPU_DEVICE_13=gpu-n"],
             ),
         ];
         for (path, lines) in logs {
@@ -943,7 +1060,7 @@ fn run_demos_applies_waits_and_checks_one_demo_at_a_time_in_an_order_that_holds(
 #[test]
 fn the_admin_access_check_fails_when_other_demos_hold_gpus_first() {
     // The stub's model of the cluster reproduces the bug of applying every demo at once:
-    // after a demo that holds two GPUs, the All request gets 10, not 12.
+    // after a demo that holds two GPUs, the All request gets 12, not 14.
     let stubs = Stubs::new();
     let run = stubs.run(
         "run-demos.sh",
@@ -975,6 +1092,38 @@ fn run_demos_stops_at_the_first_demo_that_differs() {
             .contains("demos that differ from their README: cel-selector"),
         "{run:?}"
     );
+}
+
+#[test]
+fn the_nvlink_check_wants_two_gpus_of_one_pair() {
+    let stubs = Stubs::new();
+    let check = |stubs: &Stubs| stubs.run("check-demos.sh", &["gpus-on-one-nvlink-group"], &[]);
+    let run = check(&stubs);
+    assert!(run.success, "{run:?}");
+    // What a claim without the constraint gets after the other demos (10 and 12), GPUs next to
+    // each other but of two pairs (11 and 12), one GPU, three GPUs.
+    for lines in [
+        "GPU_DEVICE_10=gpu-k\nGPU_DEVICE_12=gpu-m\n",
+        "GPU_DEVICE_11=gpu-l\nGPU_DEVICE_12=gpu-m\n",
+        "GPU_DEVICE_12=gpu-m\n",
+        "GPU_DEVICE_12=gpu-m\nGPU_DEVICE_13=gpu-n\nGPU_DEVICE_2=gpu-c\n",
+    ] {
+        stubs.set("logs/gpus-on-one-nvlink-group/pod/ctr", lines);
+        let run = check(&stubs);
+        assert!(!run.success, "{lines}: {run:?}");
+        assert!(
+            run.stderr.contains("FAILED gpus-on-one-nvlink-group"),
+            "{run:?}"
+        );
+    }
+    // Sorted as numbers: 8 and 9 are a pair although "9" sorts after "10" as text; and the
+    // partitions' and capacity lines are not GPUs.
+    stubs.set(
+        "logs/gpus-on-one-nvlink-group/pod/ctr",
+        "GPU_DEVICE_9=gpu-j\nGPU_DEVICE_9_MEMORY=80Gi\nGPU_DEVICE_8=gpu-i\nGPU_DEVICE_8_RESOURCE_CLAIM=uid\n",
+    );
+    let run = check(&stubs);
+    assert!(run.success, "{run:?}");
 }
 
 #[test]

@@ -22,9 +22,11 @@ use dra_driver_nvidia::backend::MigPlacement;
 use nvml_wrapper_sys::bindings::{
     nvmlBrandType_t, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t,
     nvmlComputeInstancePlacement_t, nvmlComputeInstanceProfileInfo_t, nvmlDevice_t,
-    nvmlDeviceAttributes_t, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_t, nvmlFieldValue_t,
-    nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_v2_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
+    nvmlDeviceAttributes_t, nvmlEnableState_enum_NVML_FEATURE_DISABLED,
+    nvmlEnableState_enum_NVML_FEATURE_ENABLED, nvmlEnableState_t, nvmlEventData_t, nvmlEventSet_t,
+    nvmlFieldValue_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
+    nvmlGpuInstanceProfileInfo_v2_t, nvmlGpuP2PCapsIndex_t, nvmlGpuP2PStatus_t, nvmlMemory_t,
+    nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
 };
 
 use crate::handle::Handle;
@@ -361,6 +363,32 @@ fn fill<const N: usize>(text: &str) -> [c_char; N] {
     array
 }
 
+/// NVML's PCI info for a bus ID in the sysfs form (`0000:1b:00.0`, as profiles write it):
+/// NVML prints an 8-digit domain, upper case (`00000000:1B:00.0`), and the legacy form with 4.
+fn pci_info(
+    bus_id: &str,
+    pci_device_id: u32,
+    pci_sub_system_id: u32,
+) -> Result<nvmlPciInfo_t, Code> {
+    let number = |at: usize, len: usize| {
+        bus_id
+            .get(at..at + len)
+            .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+            .ok_or(INVALID_ARGUMENT)
+    };
+    let (domain, bus, slot) = (number(0, 4)?, number(5, 2)?, number(8, 2)?);
+    let function = number(11, 1)?;
+    Ok(nvmlPciInfo_t {
+        busIdLegacy: fill(&format!("{domain:04X}:{bus:02X}:{slot:02X}.{function:X}")),
+        domain,
+        bus,
+        device: slot,
+        pciDeviceId: pci_device_id,
+        pciSubSystemId: pci_sub_system_id,
+        busId: fill(&format!("{domain:08X}:{bus:02X}:{slot:02X}.{function:X}")),
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     device: nvmlDevice_t,
@@ -369,25 +397,11 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     let result = gpu(device).and_then(|gpu| {
         with(|machine| {
             let info = &machine.gpu(gpu)?.pci;
-            let number = |at: usize, len: usize| {
-                info.bus_id
-                    .get(at..at + len)
-                    .and_then(|hex| u32::from_str_radix(hex, 16).ok())
-                    .ok_or(INVALID_ARGUMENT)
-            };
-            // The profile's bus ID is the sysfs form, `0000:1b:00.0`; NVML prints an
-            // 8-digit domain, upper case.
-            let (domain, bus, slot) = (number(0, 4)?, number(5, 2)?, number(8, 2)?);
-            let function = number(11, 1)?;
-            Ok(nvmlPciInfo_t {
-                busIdLegacy: fill(&format!("{domain:04X}:{bus:02X}:{slot:02X}.{function:X}")),
-                domain,
-                bus,
-                device: slot,
-                pciDeviceId: u32::from(info.device_id) << 16 | u32::from(info.vendor_id),
-                pciSubSystemId: info.subsystem_id.unwrap_or(0),
-                busId: fill(&format!("{domain:08X}:{bus:02X}:{slot:02X}.{function:X}")),
-            })
+            pci_info(
+                &info.bus_id,
+                u32::from(info.device_id) << 16 | u32::from(info.vendor_id),
+                info.subsystem_id.unwrap_or(0),
+            )
         })
     });
     // SAFETY: NVML's contract on `pci`.
@@ -508,6 +522,58 @@ pub extern "C" fn nvmlDeviceSetPersistenceMode(
         with(|machine| machine.set_persistence_mode(gpu, mode == 1))
     });
     result.err().unwrap_or(SUCCESS)
+}
+
+// ---- NVLink ----------------------------------------------------------------------------------
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    is_active: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    let result = handle(device)
+        .and_then(|handle| with(|machine| machine.nvlink_state(handle, link)))
+        .map(|active| {
+            if active {
+                nvmlEnableState_enum_NVML_FEATURE_ENABLED
+            } else {
+                nvmlEnableState_enum_NVML_FEATURE_DISABLED
+            }
+        });
+    // SAFETY: NVML's contract on `is_active`.
+    unsafe { put(result, is_active) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: nvmlDevice_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    let result = handle(device)
+        .and_then(|handle| with(|machine| machine.nvlink_remote_bus_id(handle, link)))
+        // The real call also reports the far end's PCI device and subsystem IDs (an
+        // NVSwitch's or a GPU's); the driver reads only the bus ID, and the profile has no IDs
+        // for NVSwitches, so they stay 0.
+        .and_then(|bus_id| pci_info(&bus_id, 0, 0));
+    // SAFETY: NVML's contract on `pci`.
+    unsafe { put(result, pci) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetP2PStatus(
+    device1: nvmlDevice_t,
+    device2: nvmlDevice_t,
+    p2p_index: nvmlGpuP2PCapsIndex_t,
+    p2p_status: *mut nvmlGpuP2PStatus_t,
+) -> nvmlReturn_t {
+    let result = handle(device1).and_then(|first| {
+        let second = handle(device2)?;
+        with(|machine| machine.p2p_status(first, second, p2p_index))
+    });
+    // SAFETY: NVML's contract on `p2p_status`.
+    unsafe { put(result, p2p_status) }
 }
 
 // ---- MIG: mode, profiles, devices ------------------------------------------------------------
@@ -1193,4 +1259,236 @@ pub extern "C" fn nvmlMockOpenNodeCount() -> c_uint {
     machine::lock()
         .as_ref()
         .map_or(0, |machine| machine.open_node_count() as c_uint)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The C functions called in process, on this test binary's own machine (one at a time:
+    //! NVML's state is one per process).
+
+    use std::sync::{Mutex, MutexGuard};
+
+    use nvml_wrapper_sys::bindings::{
+        nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_NVLINK,
+        nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_READ,
+        nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_NOT_SUPPORTED,
+        nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK,
+    };
+
+    use super::*;
+    use crate::machine::{GPU_IS_LOST, NOT_SUPPORTED};
+
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    /// NVML initialised on `profile`'s machine until dropped.
+    struct Session {
+        _turn: MutexGuard<'static, ()>,
+    }
+
+    impl Session {
+        fn new(profile: &str) -> Self {
+            let turn = ONE_AT_A_TIME
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            machine::configure(profile, None).unwrap();
+            assert_eq!(nvmlInit_v2(), SUCCESS);
+            Self { _turn: turn }
+        }
+
+        fn device(&self, index: u32) -> nvmlDevice_t {
+            let mut device = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let code = unsafe { nvmlDeviceGetHandleByIndex_v2(index, &mut device) };
+            assert_eq!(code, SUCCESS);
+            device
+        }
+    }
+
+    impl Drop for Session {
+        fn drop(&mut self) {
+            while nvmlShutdown() == SUCCESS {}
+        }
+    }
+
+    fn state(device: nvmlDevice_t, link: u32) -> Result<nvmlEnableState_t, Code> {
+        let mut state = 7;
+        // SAFETY: a valid out-pointer.
+        match unsafe { nvmlDeviceGetNvLinkState(device, link, &mut state) } {
+            SUCCESS => Ok(state),
+            code => Err(code),
+        }
+    }
+
+    fn remote(device: nvmlDevice_t, link: u32) -> Result<nvmlPciInfo_t, Code> {
+        // SAFETY: a plain C struct of integers and char arrays; all zero is valid.
+        let mut pci: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid out-pointer.
+        match unsafe { nvmlDeviceGetNvLinkRemotePciInfo_v2(device, link, &mut pci) } {
+            SUCCESS => Ok(pci),
+            code => Err(code),
+        }
+    }
+
+    fn p2p(first: nvmlDevice_t, second: nvmlDevice_t, index: u32) -> Result<u32, Code> {
+        let mut status = 99;
+        // SAFETY: a valid out-pointer.
+        match unsafe { nvmlDeviceGetP2PStatus(first, second, index, &mut status) } {
+            SUCCESS => Ok(status),
+            code => Err(code),
+        }
+    }
+
+    fn c_text(array: &[c_char]) -> String {
+        let bytes: Vec<u8> = array
+            .iter()
+            .take_while(|c| **c != 0)
+            .map(|c| *c as u8)
+            .collect();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn nvlink_states_and_far_ends_come_from_the_profile() {
+        let nvml = Session::new("dgx-a100");
+        let gpu = nvml.device(0);
+        for link in 0..12 {
+            assert_eq!(
+                state(gpu, link),
+                Ok(nvmlEnableState_enum_NVML_FEATURE_ENABLED)
+            );
+        }
+        // An A100 has 12 links: link 12 is a number past them.
+        assert_eq!(state(gpu, 12), Err(INVALID_ARGUMENT));
+        assert_eq!(remote(gpu, 12).err(), Some(INVALID_ARGUMENT));
+        assert_eq!(state(gpu, u32::MAX), Err(INVALID_ARGUMENT));
+        // Links 2 and 3 go to the second NVSwitch, in NVML's spelling of a bus ID.
+        let pci = remote(gpu, 2).unwrap();
+        assert_eq!(c_text(&pci.busId), "00000000:C5:00.0");
+        assert_eq!(c_text(&pci.busIdLegacy), "0000:C5:00.0");
+        assert_eq!((pci.domain, pci.bus, pci.device), (0, 0xc5, 0));
+        assert_eq!((pci.pciDeviceId, pci.pciSubSystemId), (0, 0));
+        // Null out-pointers.
+        // SAFETY: null is what is being tested; the functions check it.
+        unsafe {
+            assert_eq!(
+                nvmlDeviceGetNvLinkState(gpu, 0, std::ptr::null_mut()),
+                INVALID_ARGUMENT
+            );
+            assert_eq!(
+                nvmlDeviceGetNvLinkRemotePciInfo_v2(gpu, 0, std::ptr::null_mut()),
+                INVALID_ARGUMENT
+            );
+        }
+        // Handles the double did not hand out.
+        assert_eq!(state(std::ptr::null_mut(), 0), Err(INVALID_ARGUMENT));
+        assert_eq!(
+            remote(std::ptr::null_mut(), 0).err(),
+            Some(INVALID_ARGUMENT)
+        );
+        // A MIG device of the GPU (GPU instance 7): links belong to the GPU.
+        let mig: nvmlDevice_t = Handle::MigDevice(0, 7, 0).to_ptr();
+        assert_eq!(state(mig, 0), Err(NOT_SUPPORTED));
+        assert_eq!(remote(mig, 0).err(), Some(NOT_SUPPORTED));
+    }
+
+    #[test]
+    fn a_gpu_without_nvlink_is_not_supported() {
+        let nvml = Session::new("workstation");
+        let t4 = nvml.device(0);
+        assert_eq!(state(t4, 0), Err(NOT_SUPPORTED));
+        assert_eq!(remote(t4, 0).err(), Some(NOT_SUPPORTED));
+        assert_eq!(state(t4, 5), Err(NOT_SUPPORTED));
+    }
+
+    #[test]
+    fn links_down_and_far_ends_unknown_have_no_remote_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("links.yaml");
+        std::fs::write(
+            &path,
+            r#"
+name: links
+driverVersion: "580.126.20"
+cudaDriverVersion: "13.0"
+models:
+  a100:
+    productName: NVIDIA A100 80GB PCIe
+    brand: Nvidia
+    architecture: Ampere
+    computeCapability: "8.0"
+    memoryMiB: 81920
+    pciDeviceId: "0x20b5"
+gpus:
+  - { model: a100, pciBusId: "0000:17:00.0", nvlinks: ["0000:31:00.0", unknown, null] }
+  - { model: a100, pciBusId: "0000:31:00.0", nvlinks: ["0000:17:00.0"] }
+  - { model: a100, pciBusId: "0000:b1:00.0", nvlinks: [unknown], nvlinkPeers: ["0000:17:00.0"] }
+"#,
+        )
+        .unwrap();
+        let nvml = Session::new(path.to_str().unwrap());
+        let (first, second, third) = (nvml.device(0), nvml.device(1), nvml.device(2));
+        assert_eq!(
+            state(first, 1),
+            Ok(nvmlEnableState_enum_NVML_FEATURE_ENABLED)
+        );
+        assert_eq!(
+            state(first, 2),
+            Ok(nvmlEnableState_enum_NVML_FEATURE_DISABLED)
+        );
+        assert_eq!(state(first, 3), Err(INVALID_ARGUMENT));
+        assert_eq!(c_text(&remote(first, 0).unwrap().busId), "00000000:31:00.0");
+        assert_eq!(
+            remote(first, 1).err(),
+            Some(NOT_SUPPORTED),
+            "far end unknown"
+        );
+        assert_eq!(remote(first, 2).err(), Some(NOT_SUPPORTED), "link down");
+
+        let nvlink = nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_NVLINK;
+        let (ok, no) = (
+            nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK,
+            nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_NOT_SUPPORTED,
+        );
+        // The bridge: both ways.
+        assert_eq!(p2p(first, second, nvlink), Ok(ok));
+        assert_eq!(p2p(second, first, nvlink), Ok(ok));
+        // Listed as a peer by the third GPU's nvlinkPeers, its far end unknown.
+        assert_eq!(p2p(third, first, nvlink), Ok(ok));
+        assert_eq!(p2p(third, second, nvlink), Ok(no));
+        // Only NVLink is modelled.
+        assert_eq!(
+            p2p(
+                first,
+                second,
+                nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_READ
+            ),
+            Ok(no)
+        );
+        assert_eq!(p2p(first, first, nvlink), Err(INVALID_ARGUMENT));
+        assert_eq!(
+            p2p(first, std::ptr::null_mut(), nvlink),
+            Err(INVALID_ARGUMENT)
+        );
+        // SAFETY: null is what is being tested; the function checks it.
+        let code = unsafe { nvmlDeviceGetP2PStatus(first, second, nvlink, std::ptr::null_mut()) };
+        assert_eq!(code, INVALID_ARGUMENT);
+
+        // A lost GPU answers nothing.
+        with(|machine| {
+            machine.lose(1);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(state(second, 0), Err(GPU_IS_LOST));
+        assert_eq!(remote(second, 0).err(), Some(GPU_IS_LOST));
+        assert_eq!(p2p(first, second, nvlink), Err(GPU_IS_LOST));
+        // And nothing is answered outside nvmlInit / nvmlShutdown.
+        drop(nvml);
+        let _turn = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        assert_eq!(state(first, 0), Err(UNINITIALIZED));
+        assert_eq!(remote(first, 0).err(), Some(UNINITIALIZED));
+        assert_eq!(p2p(first, third, nvlink), Err(UNINITIALIZED));
+    }
 }

@@ -8,8 +8,9 @@
 //! NVML is initialised, MIG profiles by NVML enum index with their IDs and placements, GPU
 //! and compute instances (on the mock backend's MIG model, so both backends change the same
 //! state the same way), MIG mode changes that stay pending while the GPU is in use, event
-//! sets, GPUs that fall off the bus, and persistence mode (the driver's own, legacy setting:
-//! `nvidia-persistenced` is [`crate::FakePersistenced`]).
+//! sets, GPUs that fall off the bus, persistence mode (the driver's own, legacy setting:
+//! `nvidia-persistenced` is [`crate::FakePersistenced`]), and NVLink: each GPU's links, their
+//! far ends and NVLink peer-to-peer, from the profile through the mock backend.
 //!
 //! With a root, a held device node also shows in the root's `/proc/<pid>/fd` (a link named
 //! after the real descriptor, to `/dev/nvidia<minor>`, with `/proc/<pid>/comm`), as the
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use dra_driver_nvidia::backend::mig::{GpuInstanceInfo, MigError, MigManager};
 use dra_driver_nvidia::backend::mock::MockBackend;
 use dra_driver_nvidia::backend::{
-    GpuBackend, GpuInfo, MigDeviceInfo, MigMode, MigPlacement, MigProfileInfo,
+    GpuBackend, GpuInfo, MigDeviceInfo, MigMode, MigPlacement, MigProfileInfo, NvLink,
 };
 use nvml_wrapper_sys::bindings as sys;
 
@@ -544,6 +545,89 @@ impl Machine {
             gpuInstanceSliceCount: profile.slice_count,
             computeInstanceSliceCount: profile.slice_count,
             memorySizeMB: device.memory_bytes / (1024 * 1024),
+        })
+    }
+
+    // ---- NVLink ---------------------------------------------------------------------------
+
+    /// The NVLinks of the GPU a handle names, from the profile (the mock backend's
+    /// [`GpuBackend::nvlinks`]): `NOT_SUPPORTED` for a GPU without NVLink, and for a MIG
+    /// device (links belong to the GPU; what NVML answers on a MIG handle is a guess).
+    fn nvlinks(&self, handle: Handle) -> Result<Vec<NvLink>, Code> {
+        let gpu = match handle {
+            Handle::Gpu(gpu) => gpu,
+            Handle::MigDevice(..) => {
+                self.mig_device(handle)?;
+                return Err(NOT_SUPPORTED);
+            }
+            _ => return Err(INVALID_ARGUMENT),
+        };
+        let info = self.gpu(gpu)?;
+        let links = self.backend.nvlinks(&info.uuid).map_err(|_| UNKNOWN)?;
+        if links.is_empty() {
+            return Err(NOT_SUPPORTED);
+        }
+        Ok(links)
+    }
+
+    /// Link `link` of a GPU: `INVALID_ARGUMENT` past the GPU's links (NVML's answer for a
+    /// link number the GPU does not have).
+    fn nvlink(&self, handle: Handle, link: u32) -> Result<NvLink, Code> {
+        self.nvlinks(handle)?
+            .into_iter()
+            .nth(link as usize)
+            .ok_or(INVALID_ARGUMENT)
+    }
+
+    /// `nvmlDeviceGetNvLinkState`: whether the link is up.
+    pub(crate) fn nvlink_state(&self, handle: Handle, link: u32) -> Result<bool, Code> {
+        Ok(self.nvlink(handle, link)?.active)
+    }
+
+    /// `nvmlDeviceGetNvLinkRemotePciInfo_v2`: the PCI bus ID of the link's far end, in the
+    /// sysfs form (`0000:c4:00.0`). `NOT_SUPPORTED` for a link that is down (a guess: NVML
+    /// documents no code for it) and for a far end NVML cannot identify (the profile's
+    /// `unknown`: NVSwitches invisible in a VM).
+    pub(crate) fn nvlink_remote_bus_id(&self, handle: Handle, link: u32) -> Result<String, Code> {
+        self.nvlink(handle, link)?
+            .remote_pci_bus_id
+            .ok_or(NOT_SUPPORTED)
+    }
+
+    /// `nvmlDeviceGetP2PStatus`: NVML's `nvmlGpuP2PStatus_t` between two GPUs for capability
+    /// `index`. Only NVLink is modelled: `OK` where the profile makes the pair NVLink peers
+    /// (the mock backend's [`GpuBackend::nvlink_p2p`]), `NOT_SUPPORTED` otherwise, and for
+    /// every other capability (read, write, atomics, PCI: a guess that says "no" rather
+    /// than inventing a PCIe topology). The same GPU twice is `INVALID_ARGUMENT`, a MIG
+    /// device `NOT_SUPPORTED` (both guesses).
+    pub(crate) fn p2p_status(
+        &self,
+        first: Handle,
+        second: Handle,
+        index: u32,
+    ) -> Result<u32, Code> {
+        let gpu = |handle: Handle| match handle {
+            Handle::Gpu(gpu) => Ok(self.gpu(gpu)?.uuid.as_str()),
+            Handle::MigDevice(..) => {
+                self.mig_device(handle)?;
+                Err(NOT_SUPPORTED)
+            }
+            _ => Err(INVALID_ARGUMENT),
+        };
+        let (first_uuid, second_uuid) = (gpu(first)?, gpu(second)?);
+        if first == second {
+            return Err(INVALID_ARGUMENT);
+        }
+        let peers = index == sys::nvmlGpuP2PCapsIndex_enum_NVML_P2P_CAPS_INDEX_NVLINK
+            && self
+                .backend
+                .nvlink_p2p(first_uuid, second_uuid)
+                .map_err(|_| UNKNOWN)?
+                == Some(true);
+        Ok(if peers {
+            sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_OK
+        } else {
+            sys::nvmlGpuP2PStatus_enum_NVML_P2P_STATUS_NOT_SUPPORTED
         })
     }
 

@@ -47,6 +47,11 @@
 //!     pcieRoot: pci0000:00       # optional
 //!     migMode: enabled           # enabled | disabled | {current: bool, pending: bool};
 //!                                # default disabled on MIG-capable models
+//!     nvlinks: ["0000:c4:00.0", unknown, null]   # optional: the far end of each NVLink by
+//!                                # link number: a PCI bus ID (a GPU's or an NVSwitch's),
+//!                                # `unknown` (up, far end not identified), null (down)
+//!     nvlinkPeers: ["0000:0f:00.0"]  # optional: the GPUs NVML reports peer-to-peer over
+//!                                # NVLink with; derived from `nvlinks` when absent
 //!     migDevices:                # MIG devices that exist (needs migMode current)
 //!       - profile: 1g.10gb       # a name in the model's table
 //!         placement: 0           # start memory slice; must be one of the profile's
@@ -59,8 +64,10 @@
 //! Loading validates: references resolve, placements parse and fit the 8 memory slices,
 //! every MIG device sits on a placement of its profile, no two overlap, per-profile
 //! instance counts stay within `maxInstances`, compute slices add up to at most 7, GPU
-//! instance IDs, minors, indexes, UUIDs and bus IDs are unique. Errors name the file and
-//! the field (`gpus[1].migDevices[2].placement`).
+//! instance IDs, minors, indexes, UUIDs and bus IDs are unique, at most 18 NVLinks
+//! (`NVML_NVLINK_MAX_LINKS`), a link between two GPUs listed at both ends as often, peers are
+//! other GPUs with a link up. Errors name the file and the field
+//! (`gpus[1].migDevices[2].placement`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -78,7 +85,8 @@ pub use persistence::{MockPersistence, PersistenceCall};
 
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, GpuBackend, GpuInfo, GpuInventory,
-    Inventory, MigDeviceInfo, MigEngines, MigMode, MigPlacement, MigProfileInfo, PciInfo,
+    Inventory, MigDeviceInfo, MigEngines, MigMode, MigPlacement, MigProfileInfo, NvLink, PciInfo,
+    normalize_pci_bus_id, nvlinks_connect,
 };
 
 /// The profiles embedded in the crate: `(name, YAML)`.
@@ -86,6 +94,10 @@ pub const SHIPPED_PROFILES: &[(&str, &str)] = &[
     ("dgx-a100", include_str!("../../profiles/dgx-a100.yaml")),
     ("dgx-h100", include_str!("../../profiles/dgx-h100.yaml")),
     ("mixed", include_str!("../../profiles/mixed.yaml")),
+    (
+        "pcie-a100-bridged",
+        include_str!("../../profiles/pcie-a100-bridged.yaml"),
+    ),
     (
         "workstation",
         include_str!("../../profiles/workstation.yaml"),
@@ -197,8 +209,16 @@ struct GpuSpec {
     pcie_root: Option<String>,
     mig_mode: Option<MigModeSpec>,
     #[serde(default)]
+    nvlinks: Vec<Option<String>>,
+    nvlink_peers: Option<Vec<String>>,
+    #[serde(default)]
     mig_devices: Vec<MigDeviceSpec>,
 }
+
+/// How a profile writes an active NVLink whose far end NVML cannot identify.
+const UNKNOWN_LINK_END: &str = "unknown";
+/// `NVML_NVLINK_MAX_LINKS`.
+const MAX_NVLINKS: usize = 18;
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -391,6 +411,19 @@ impl GpuBackend for MockBackend {
         self.persistence.change(gpu_uuid, enabled)
     }
 
+    fn nvlinks(&self, gpu_uuid: &str) -> Result<Vec<NvLink>, BackendError> {
+        Ok(self.gpu(gpu_uuid)?.nvlinks.clone())
+    }
+
+    fn nvlink_p2p(&self, gpu_uuid: &str, peer_uuid: &str) -> Result<Option<bool>, BackendError> {
+        self.gpu(peer_uuid)?;
+        Ok(self
+            .gpu(gpu_uuid)?
+            .nvlink_peers
+            .as_ref()
+            .map(|peers| peers.iter().any(|peer| peer == peer_uuid)))
+    }
+
     fn inventory(&self) -> Result<Inventory, BackendError> {
         let mut inventory = self.inventory.clone();
         for gpu in &mut inventory.gpus {
@@ -459,6 +492,7 @@ fn build(source_name: &str, file: &ProfileFile) -> Result<Inventory, ProfileErro
         )?);
     }
     check_unique(&check, &gpus)?;
+    add_nvlinks(&check, file, &mut gpus)?;
     Ok(Inventory {
         driver_version: file.driver_version.clone(),
         cuda_driver_version,
@@ -714,7 +748,135 @@ fn build_gpu(
         mig_mode,
         mig_devices,
         mig_profiles,
+        nvlinks: Vec::new(),
+        nvlink_peers: None,
     })
+}
+
+/// The GPUs' NVLinks and peers from the profile, checked: a link's far end parses, a link
+/// between two GPUs is listed at both ends as often, peers are other GPUs with a link up.
+/// Peers not listed are what the links say ([`nvlinks_connect`]), as NVML's answer would be
+/// on a machine whose NVSwitches it sees.
+fn add_nvlinks(
+    check: &Checker<'_>,
+    file: &ProfileFile,
+    gpus: &mut [GpuInventory],
+) -> Result<(), ProfileError> {
+    for (position, (spec, gpu)) in file.gpus.iter().zip(gpus.iter_mut()).enumerate() {
+        let field = format!("gpus[{position}].nvlinks");
+        if spec.nvlinks.len() > MAX_NVLINKS {
+            return Err(check.invalid(
+                field,
+                format!(
+                    "{} links; NVML reports at most {MAX_NVLINKS} (NVML_NVLINK_MAX_LINKS)",
+                    spec.nvlinks.len()
+                ),
+            ));
+        }
+        let mut links = Vec::with_capacity(spec.nvlinks.len());
+        for (link, end) in (0..).zip(&spec.nvlinks) {
+            let invalid = |reason: String| check.invalid(format!("{field}[{link}]"), reason);
+            links.push(match end.as_deref() {
+                None => NvLink::inactive(link),
+                Some(UNKNOWN_LINK_END) => {
+                    NvLink::active(link, None).map_err(|error| invalid(error.to_string()))?
+                }
+                Some(bus_id) => {
+                    let link = NvLink::active(link, Some(bus_id)).map_err(|error| {
+                        invalid(format!("{error} (or write {UNKNOWN_LINK_END} or null)"))
+                    })?;
+                    if link.remote_pci_bus_id.as_deref() == Some(gpu.info.pci.bus_id.as_str()) {
+                        return Err(invalid("a GPU's link cannot end at the GPU itself".into()));
+                    }
+                    link
+                }
+            });
+        }
+        gpu.nvlinks = links;
+    }
+
+    let bus_ids: Vec<String> = gpus.iter().map(|gpu| gpu.info.pci.bus_id.clone()).collect();
+    let links_to = |gpu: &GpuInventory, bus_id: &str| {
+        gpu.nvlinks
+            .iter()
+            .filter(|link| link.remote_pci_bus_id.as_deref() == Some(bus_id))
+            .count()
+    };
+    for (position, gpu) in gpus.iter().enumerate() {
+        for (other_position, other) in gpus.iter().enumerate() {
+            let (there, back) = (
+                links_to(gpu, &other.info.pci.bus_id),
+                links_to(other, &gpu.info.pci.bus_id),
+            );
+            if there != back {
+                return Err(check.invalid(
+                    format!("gpus[{position}].nvlinks"),
+                    format!(
+                        "{there} links end at gpus[{other_position}] ({}), which lists {back} back",
+                        other.info.pci.bus_id
+                    ),
+                ));
+            }
+        }
+    }
+
+    let linked = |gpu: &GpuInventory| gpu.nvlinks.iter().any(|link| link.active);
+    let bus_id_refs: Vec<&str> = bus_ids.iter().map(String::as_str).collect();
+    let mut peers = Vec::with_capacity(gpus.len());
+    for (position, (spec, gpu)) in file.gpus.iter().zip(gpus.iter()).enumerate() {
+        let field = format!("gpus[{position}].nvlinkPeers");
+        let listed = match &spec.nvlink_peers {
+            Some(listed) if !linked(gpu) => {
+                if listed.is_empty() {
+                    None
+                } else {
+                    return Err(check.invalid(field, "peers need a link that is up in nvlinks"));
+                }
+            }
+            Some(listed) => {
+                let mut uuids = BTreeSet::new();
+                for (n, peer) in listed.iter().enumerate() {
+                    let bus_id = normalize_pci_bus_id(peer).map_err(|error| {
+                        check.invalid(format!("{field}[{n}]"), error.to_string())
+                    })?;
+                    match gpus.iter().find(|other| other.info.pci.bus_id == bus_id) {
+                        Some(other) if other.info.uuid != gpu.info.uuid && linked(other) => {
+                            uuids.insert(other.info.uuid.clone());
+                        }
+                        _ => {
+                            return Err(check.invalid(
+                                format!("{field}[{n}]"),
+                                format!(
+                                    "{bus_id} is not another GPU of the profile with a link up"
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Some(uuids)
+            }
+            None => None,
+        };
+        // In NVML order, as GpuBackend::inventory asks.
+        peers.push(linked(gpu).then(|| {
+            gpus.iter()
+                .filter(|other| other.info.uuid != gpu.info.uuid && linked(other))
+                .filter(|other| match &listed {
+                    Some(listed) => listed.contains(&other.info.uuid),
+                    None => nvlinks_connect(
+                        (&gpu.info.pci.bus_id, &gpu.nvlinks),
+                        (&other.info.pci.bus_id, &other.nvlinks),
+                        &bus_id_refs,
+                    ),
+                })
+                .map(|other| other.info.uuid.clone())
+                .collect::<Vec<_>>()
+        }));
+    }
+    for (gpu, peers) in gpus.iter_mut().zip(peers) {
+        gpu.nvlink_peers = peers;
+    }
+    Ok(())
 }
 
 fn build_mig_devices(
@@ -1032,6 +1194,26 @@ pub fn to_profile_yaml(name: &str, description: &str, inventory: &Inventory) -> 
                 "    migMode: {{ current: {}, pending: {} }}",
                 mode.current, mode.pending
             );
+        }
+        if !gpu.nvlinks.is_empty() {
+            let ends: Vec<String> = gpu
+                .nvlinks
+                .iter()
+                .map(|link| match (&link.remote_pci_bus_id, link.active) {
+                    (_, false) => "null".to_owned(),
+                    (Some(end), true) => quote(end),
+                    (None, true) => UNKNOWN_LINK_END.to_owned(),
+                })
+                .collect();
+            let _ = writeln!(out, "    nvlinks: [{}]", ends.join(", "));
+        }
+        if let Some(peers) = &gpu.nvlink_peers {
+            let bus_ids: Vec<String> = peers
+                .iter()
+                .filter_map(|peer| inventory.gpu(peer))
+                .map(|peer| quote(&peer.info.pci.bus_id))
+                .collect();
+            let _ = writeln!(out, "    nvlinkPeers: [{}]", bus_ids.join(", "));
         }
         if !gpu.mig_devices.is_empty() {
             let _ = writeln!(out, "    migDevices:");

@@ -34,8 +34,11 @@ use serde::{Deserialize, Serialize};
 pub mod events;
 pub mod mig;
 pub mod mock;
+mod nvlink;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+
+pub use nvlink::{NvLink, nvlinks_connect};
 
 /// Everything the driver asks of the GPU hardware. Read-only, except persistence mode.
 ///
@@ -118,6 +121,23 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
         })
     }
 
+    /// The GPU's NVLinks by link number: NVML's link state (`nvmlDeviceGetNvLinkState`) and,
+    /// for an active link, the PCI bus ID of its far end (`nvmlDeviceGetNvLinkRemotePciInfo_v2`:
+    /// another GPU's on a bridge or direct mesh, an NVSwitch's on NVSwitch machines). Empty when
+    /// the GPU has no NVLink (NVML: `NOT_SUPPORTED`). Default: empty.
+    fn nvlinks(&self, gpu_uuid: &str) -> Result<Vec<NvLink>, BackendError> {
+        let _ = gpu_uuid;
+        Ok(Vec::new())
+    }
+
+    /// Whether NVML reports peer-to-peer over NVLink between two GPUs
+    /// (`nvmlDeviceGetP2PStatus` with `NVML_P2P_CAPS_INDEX_NVLINK`); `None` when it does not
+    /// say. Default: `None`.
+    fn nvlink_p2p(&self, gpu_uuid: &str, peer_uuid: &str) -> Result<Option<bool>, BackendError> {
+        let _ = (gpu_uuid, peer_uuid);
+        Ok(None)
+    }
+
     /// Lets go of every GPU for as long as the returned guard lives, so that a check for
     /// processes holding `/dev/nvidia<N>` (before a GPU is bound to vfio-pci) does not find
     /// this plugin: NVML is shut down between calls until the guard is dropped. Default:
@@ -143,6 +163,8 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
                     None => (Vec::new(), Vec::new()),
                 };
                 Ok(GpuInventory {
+                    nvlinks: optional_nvlinks(self, &info.uuid),
+                    nvlink_peers: None,
                     info,
                     mig_mode,
                     mig_devices,
@@ -150,11 +172,57 @@ pub trait GpuBackend: Send + Sync + fmt::Debug {
                 })
             })
             .collect::<Result<Vec<_>, BackendError>>()?;
-        Ok(Inventory {
+        let mut inventory = Inventory {
             driver_version,
             cuda_driver_version,
             gpus,
-        })
+        };
+        ask_nvlink_peers(self, &mut inventory);
+        Ok(inventory)
+    }
+}
+
+/// A GPU's NVLinks, or none with a warning when the backend fails to say: topology is
+/// published as an extra, and a GPU without it is still a GPU (a claim that asks for a
+/// connected pair then just does not get this one).
+fn optional_nvlinks<B: GpuBackend + ?Sized>(backend: &B, uuid: &str) -> Vec<NvLink> {
+    backend.nvlinks(uuid).unwrap_or_else(|error| {
+        tracing::warn!(gpu = %uuid, %error, "NVLink state unreadable; no NVLink attributes for this GPU");
+        Vec::new()
+    })
+}
+
+/// Fills [`GpuInventory::nvlink_peers`]: NVML's peer-to-peer answer for every pair of GPUs
+/// that both have an active link. A GPU's list stays `None` when NVML fails or does not answer
+/// for one of its pairs, so that a partial answer is never taken for a whole one.
+pub(crate) fn ask_nvlink_peers<B: GpuBackend + ?Sized>(backend: &B, inventory: &mut Inventory) {
+    let linked: Vec<String> = inventory
+        .gpus
+        .iter()
+        .filter(|gpu| gpu.nvlinks.iter().any(|link| link.active))
+        .map(|gpu| gpu.info.uuid.clone())
+        .collect();
+    for gpu in &mut inventory.gpus {
+        if !linked.contains(&gpu.info.uuid) {
+            continue;
+        }
+        let mut peers = Some(Vec::new());
+        for other in linked.iter().filter(|other| **other != gpu.info.uuid) {
+            match backend.nvlink_p2p(&gpu.info.uuid, other) {
+                Ok(Some(true)) => {
+                    if let Some(peers) = peers.as_mut() {
+                        peers.push(other.clone());
+                    }
+                }
+                Ok(Some(false)) => {}
+                Ok(None) => peers = None,
+                Err(error) => {
+                    tracing::warn!(gpu = %gpu.info.uuid, peer = %other, %error, "NVLink peer-to-peer status unreadable; using the links alone");
+                    peers = None;
+                }
+            }
+        }
+        gpu.nvlink_peers = peers;
     }
 }
 
@@ -222,6 +290,14 @@ pub struct GpuInventory {
     pub mig_devices: Vec<MigDeviceInfo>,
     /// Supported GPU-instance profiles with their placements.
     pub mig_profiles: Vec<MigProfileInfo>,
+    /// NVLinks by link number ([`GpuBackend::nvlinks`]); empty when the GPU has none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlinks: Vec<NvLink>,
+    /// The UUIDs of the GPUs NVML reports peer-to-peer over NVLink with
+    /// ([`GpuBackend::nvlink_p2p`]); `None` when it was not asked (no active link) or did not
+    /// answer for every pair. See [`crate::devices::topology`] for how it is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_peers: Option<Vec<String>>,
 }
 
 impl GpuInventory {

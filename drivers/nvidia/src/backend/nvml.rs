@@ -15,6 +15,11 @@
 //! crate that allows `unsafe`; every call checks that the driver exports the symbol first
 //! (an older driver is [`BackendError::Unsupported`], not a panic).
 //!
+//! NVLink: each GPU's links are asked by number (`nvmlDeviceGetNvLinkState`) until NVML says
+//! there are no more, an active link's far end with `nvmlDeviceGetNvLinkRemotePciInfo_v2`, and
+//! peers with `nvmlDeviceGetP2PStatus` (`NVML_P2P_CAPS_INDEX_NVLINK`). What NVML cannot say
+//! (no NVLink, a far end it cannot name, no P2P answer) is left out, never an error.
+//!
 //! Derived values, as upstream derives them: the architecture from the compute capability
 //! (`8.0` Ampere, `9.0` Hopper …), the brand from NVML's brand enum in upstream's spelling
 //! (`Nvidia`, `Tesla` …). NVML does not report the PCIe root; discovery reads it from sysfs.
@@ -25,14 +30,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::InitFlags;
-use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::enum_wrappers::device::{Brand, P2pCapabilitiesIndex, P2pStatus};
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper_sys::bindings::NVML_NVLINK_MAX_LINKS;
 
 use crate::backend::events::HealthEventStream;
 
 use super::{
     BackendError, ComputeCapability, CudaDriverVersion, DeviceRelease, GpuBackend, GpuInfo,
-    MigDeviceInfo, MigMode, MigPlacement, MigProfileInfo, PciInfo,
+    MigDeviceInfo, MigMode, MigPlacement, MigProfileInfo, NvLink, PciInfo,
 };
 use crate::backend::mig::{GpuInstanceInfo, MigError, MigManager};
 
@@ -275,6 +281,88 @@ impl GpuBackend for NvmlBackend {
             };
             query(what, Some(gpu_uuid), error)
         })
+    }
+
+    fn nvlinks(&self, gpu_uuid: &str) -> Result<Vec<NvLink>, BackendError> {
+        let nvml = self.nvml()?;
+        let device = device(&nvml, gpu_uuid)?;
+        let mut links = Vec::new();
+        // NVML has no call for how many links a GPU has: every link number up to its maximum
+        // is asked (A100: 12 links, H100: 18).
+        for link in 0..NVML_NVLINK_MAX_LINKS {
+            let wrapper = device.link_wrapper_for(link);
+            let active = match wrapper.is_active() {
+                Ok(active) => active,
+                // No such link: on every number, the GPU has no NVLink (a T4; an A100 PCIe
+                // board without its bridge has links, all down); on some, the GPU has fewer
+                // links than NVML's maximum. INVALID_ARGUMENT is what NVML
+                // documents for a link number past them; a GPU may answer NOT_SUPPORTED
+                // instead. Skipped rather than ending the list, so that a gap in the numbering
+                // loses no link after it.
+                Err(NvmlError::NotSupported | NvmlError::InvalidArg) => continue,
+                // A libnvidia-ml without nvmlDeviceGetNvLinkState (older than any driver this
+                // plugin supports, or a stripped-down one): no NVLink to report.
+                Err(NvmlError::FailedToLoadSymbol(symbol)) => {
+                    tracing::debug!(gpu = %gpu_uuid, %symbol, "NVML has no NVLink state call; no NVLinks read");
+                    return Ok(Vec::new());
+                }
+                Err(error) => {
+                    return Err(query(
+                        &format!("state of NVLink {link}"),
+                        Some(gpu_uuid),
+                        error,
+                    ));
+                }
+            };
+            if !active {
+                links.push(NvLink::inactive(link));
+                continue;
+            }
+            links.push(match wrapper.remote_pci_info() {
+                // A bus ID that does not parse names nothing: the link is up, its far end
+                // unknown, rather than the GPU losing all its links.
+                Ok(pci) => NvLink::active(link, Some(&pci.bus_id)).or_else(|error| {
+                    tracing::warn!(gpu = %gpu_uuid, link, %error, "far end of an NVLink unreadable; taken as unknown");
+                    NvLink::active(link, None)
+                })?,
+                // The link is up but NVML cannot name its far end: NVSwitches are invisible in
+                // some VMs (NVSwitch passthrough stays with the host). The link still counts
+                // as up; only the group it leads to is not known.
+                Err(
+                    NvmlError::NotSupported | NvmlError::Unknown | NvmlError::FailedToLoadSymbol(_),
+                ) => NvLink::active(link, None)?,
+                Err(error) => {
+                    return Err(query(
+                        &format!("far end of NVLink {link}"),
+                        Some(gpu_uuid),
+                        error,
+                    ));
+                }
+            });
+        }
+        Ok(links)
+    }
+
+    fn nvlink_p2p(&self, gpu_uuid: &str, peer_uuid: &str) -> Result<Option<bool>, BackendError> {
+        let nvml = self.nvml()?;
+        let (gpu, peer) = (device(&nvml, gpu_uuid)?, device(&nvml, peer_uuid)?);
+        match gpu.p2p_status(&peer, P2pCapabilitiesIndex::NvLink) {
+            Ok(P2pStatus::Ok) => Ok(Some(true)),
+            // NOT_SUPPORTED, GPU_NOT_SUPPORTED, DISABLED_BY_REGKEY …: NVML says no.
+            Ok(_) => Ok(Some(false)),
+            // A status value newer than nvml-wrapper: OK is 0 and known, so it is a no.
+            Err(NvmlError::UnexpectedVariant(raw)) => {
+                tracing::debug!(gpu = %gpu_uuid, peer = %peer_uuid, raw, "P2P status unknown to this plugin; taken as no NVLink P2P");
+                Ok(Some(false))
+            }
+            // NVML does not answer: the links alone decide (`devices::topology`).
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => Ok(None),
+            Err(error) => Err(query(
+                &format!("NVLink peer-to-peer status with {peer_uuid}"),
+                Some(gpu_uuid),
+                error,
+            )),
+        }
     }
 
     fn release_devices(&self) -> DeviceRelease {

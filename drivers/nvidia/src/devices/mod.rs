@@ -22,11 +22,13 @@
 //!   `resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot` and
 //!   `resource.kubernetes.io/numaNode` when known (a one-element int list with
 //!   [`DiscoveryOptions::list_type_attributes`], gate `DRAListTypeAttributes`),
-//!   `addressingMode` when reported; capacity
+//!   `addressingMode` when reported, `nvlinkGroup` and `nvlinkActiveLinks` when the GPU has
+//!   NVLink ([`topology`]); capacity
 //!   `memory` (bytes). Upstream removed `index`, `minor` and `pcieBusID` (issue #563), and so
 //!   does this driver.
 //! * MIG: `type`, `uuid` (`MIG-…`), `parentUUID`, `profile` (`1g.10gb`), the parent's
-//!   `productName`, `brand`, `architecture`, versions, PCI, NUMA and addressing attributes;
+//!   `productName`, `brand`, `architecture`, versions, PCI, NUMA, addressing and `nvlinkGroup`
+//!   attributes;
 //!   capacities `multiprocessors`, `copyEngines`, `decoders`, `encoders`, `jpegEngines`,
 //!   `ofaEngines`, `memory` (the profile's memory, MiB × 2^20) and `memorySlice<i>` = 1 for
 //!   each memory slice of its placement. The engine capacities are usable from the claim's
@@ -73,6 +75,7 @@ use crate::sharing::ConsumableShares;
 
 pub mod counters;
 pub mod partitions;
+pub mod topology;
 pub use partitions::{MigPartition, PartitionableGpu, partition_pool_name};
 
 /// The driver name: the attribute domain, and the `spec.driver` of its ResourceSlices.
@@ -224,6 +227,8 @@ struct GpuCommon {
     #[dra(name = "resource.kubernetes.io/numaNode")]
     numa_node: Option<AttributeValue>,
     addressing_mode: Option<String>,
+    /// The GPU's NVLink peer group ([`topology`]); MIG devices inherit their parent's.
+    nvlink_group: Option<String>,
 }
 
 #[derive(Clone, Debug, DeviceAttributes)]
@@ -232,6 +237,8 @@ struct GpuAttributes {
     uuid: String,
     #[dra(flatten)]
     common: GpuCommon,
+    /// NVLinks up ([`topology`]); absent on GPUs without NVLink.
+    nvlink_active_links: Option<u32>,
     #[dra(capacity)]
     memory: Bytes,
 }
@@ -472,6 +479,14 @@ impl Discovery {
                 .map(|twin| twin_counter_set(twin.index))
         };
 
+        let nvlinks = topology::NvLinkTopology::of(&inventory);
+        for component in nvlinks.not_fully_connected() {
+            tracing::warn!(
+                gpus = ?component,
+                "these GPUs are connected by NVLink but not every pair directly: no nvlinkGroup is published for them"
+            );
+        }
+
         let mut gpus = Vec::new();
         let mut migs = Vec::new();
         let mut partitionable = Vec::new();
@@ -492,7 +507,9 @@ impl Discovery {
                 pcie_root: info.pcie_root.clone(),
                 numa_node: numa_attribute(info.numa_node, options),
                 addressing_mode: info.addressing_mode.clone(),
+                nvlink_group: nvlinks.group(&info.uuid).map(str::to_owned),
             };
+            let nvlink_active_links = nvlinks.active_links(&info.uuid);
             let mig_on = gpu.mig_mode.is_some_and(|mode| mode.current);
             if options.dynamic_mig && partitions::is_partitionable(gpu) {
                 // Instances that exist now belong to prepared claims or are orphans the
@@ -510,6 +527,7 @@ impl Discovery {
                             r#type: DeviceType::Gpu,
                             uuid: info.uuid.clone(),
                             common: common.clone(),
+                            nvlink_active_links,
                             memory: Bytes(info.memory_bytes),
                         },
                     });
@@ -528,6 +546,7 @@ impl Discovery {
                         r#type: DeviceType::Gpu,
                         uuid: info.uuid.clone(),
                         common: common.clone(),
+                        nvlink_active_links,
                         memory: Bytes(info.memory_bytes),
                     },
                 });

@@ -85,6 +85,9 @@ fn full_gpu_attributes_are_upstreams() {
         ("resource.kubernetes.io/pciBusID", string("0000:1b:00.0")),
         ("resource.kubernetes.io/pcieRoot", string("pci0000:15")),
         ("resource.kubernetes.io/numaNode", AttributeValue::Int(0)),
+        // All eight GPUs on the NVSwitches: one group, named after the first GPU.
+        ("nvlinkGroup", string(&gpu.info.uuid)),
+        ("nvlinkActiveLinks", AttributeValue::Int(18)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
@@ -381,4 +384,96 @@ fn numa_node_as_a_list_with_dra_list_type_attributes() {
             .validate(&SliceLimits::for_release(KubernetesVersion::new(1, 35)))
             .is_err()
     );
+}
+
+/// `(device name, nvlinkGroup, nvlinkActiveLinks)` of every published device.
+fn nvlink_attributes(discovery: &Discovery) -> Vec<(String, Option<String>, Option<i64>)> {
+    discovery
+        .devices()
+        .iter()
+        .map(|device| {
+            let group = match device.attributes.get("nvlinkGroup") {
+                Some(AttributeValue::String(group)) => Some(group.clone()),
+                _ => None,
+            };
+            let links = match device.attributes.get("nvlinkActiveLinks") {
+                Some(AttributeValue::Int(links)) => Some(*links),
+                _ => None,
+            };
+            (device.name.clone(), group, links)
+        })
+        .collect()
+}
+
+#[test]
+fn bridged_pairs_publish_one_group_each() {
+    let (_dir, discovery) = discover("pcie-a100-bridged", &DiscoveryOptions::new());
+    let discovery = discovery.unwrap();
+    let uuid = |gpu: usize| Some(discovery.gpus[gpu].info.uuid.clone());
+    let expected = [
+        ("gpu-0".to_owned(), uuid(0), Some(12)),
+        ("gpu-1".to_owned(), uuid(0), Some(12)),
+        ("gpu-2".to_owned(), uuid(2), Some(12)),
+        ("gpu-3".to_owned(), uuid(2), Some(12)),
+    ];
+    assert_eq!(nvlink_attributes(&discovery), expected);
+}
+
+#[test]
+fn gpus_without_nvlink_publish_neither_attribute() {
+    let (_dir, discovery) = discover("mixed", &DiscoveryOptions::new());
+    let discovery = discovery.unwrap();
+    assert!(
+        nvlink_attributes(&discovery)
+            .iter()
+            .all(|(_, group, links)| group.is_none() && links.is_none())
+    );
+}
+
+#[test]
+fn mig_devices_and_partitions_inherit_their_parents_group() {
+    // Static MIG devices of the DGX A100 (GPUs 0-2 in MIG mode).
+    let (_dir, discovery) = discover("dgx-a100", &DiscoveryOptions::new());
+    let discovery = discovery.unwrap();
+    let group = Some(discovery.inventory.gpus[0].info.uuid.clone());
+    let migs: Vec<_> = nvlink_attributes(&discovery)
+        .into_iter()
+        .filter(|(name, ..)| name.contains("-mig-"))
+        .collect();
+    assert!(!migs.is_empty());
+    // The group, not the link count: that stays a GPU's attribute.
+    assert!(
+        migs.iter()
+            .all(|(_, g, links)| *g == group && links.is_none()),
+        "{migs:?}"
+    );
+
+    // Dynamic MIG partitions of the bridged PCIe server, MIG mode on (an A100 changes it only
+    // at a reset, so it must be on already): each pair's value.
+    let (_, yaml) = crate::backend::mock::SHIPPED_PROFILES
+        .iter()
+        .find(|(name, _)| *name == "pcie-a100-bridged")
+        .unwrap();
+    let backend = MockBackend::from_yaml(
+        "mig-on",
+        &yaml.replace("migMode: disabled", "migMode: enabled"),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let host = FakeHostTree::new(dir.path())
+        .build(backend.hardware())
+        .unwrap();
+    let options = DiscoveryOptions::new().dynamic_mig(true);
+    let discovery = Discovery::discover(&backend, &host, &options).unwrap();
+    assert!(!discovery.partitions.is_empty());
+    for partition in &discovery.partitions {
+        let pair_first = if partition.parent.minor < 2 { 0 } else { 2 };
+        let expected = &discovery.inventory.gpus[pair_first].info.uuid;
+        assert_eq!(
+            partition.device().attributes.get("nvlinkGroup"),
+            Some(&AttributeValue::String(expected.clone())),
+            "{}",
+            partition.name
+        );
+    }
 }

@@ -31,7 +31,16 @@ fn invalid_field(error: ProfileError) -> String {
 fn every_shipped_profile_loads() {
     let backends = MockBackend::shipped().unwrap();
     let names: Vec<_> = backends.iter().map(MockBackend::profile_name).collect();
-    assert_eq!(names, ["dgx-a100", "dgx-h100", "mixed", "workstation"]);
+    assert_eq!(
+        names,
+        [
+            "dgx-a100",
+            "dgx-h100",
+            "mixed",
+            "pcie-a100-bridged",
+            "workstation"
+        ]
+    );
 }
 
 #[test]
@@ -50,7 +59,7 @@ fn profiles_by_name_and_by_path() {
     assert!(
         error
             .to_string()
-            .contains("dgx-a100, dgx-h100, mixed, workstation"),
+            .contains("dgx-a100, dgx-h100, mixed, pcie-a100-bridged, workstation"),
         "{error}"
     );
 }
@@ -207,4 +216,114 @@ fn written_profiles_load_back_the_same() {
         assert_eq!(again.hardware(), backend.hardware(), "{yaml}");
         assert_eq!(again.profile_name(), backend.profile_name());
     }
+}
+
+/// Two GPUs without MIG, each with the given `nvlinks:`/`nvlinkPeers:` lines.
+fn two_linked_gpus(first: &str, second: &str) -> Result<MockBackend, ProfileError> {
+    let yaml = format!(
+        r#"
+driverVersion: "580.126.20"
+cudaDriverVersion: "13.0"
+models:
+  m: {{ productName: X, brand: Nvidia, architecture: Ampere, computeCapability: "8.0", memoryMiB: 81920, pciDeviceId: "0x20b5" }}
+gpus:
+  - {{ model: m, pciBusId: "0000:17:00.0", {first} }}
+  - {{ model: m, pciBusId: "0000:31:00.0", {second} }}
+"#
+    );
+    MockBackend::from_yaml("links.yaml", &yaml)
+}
+
+#[test]
+fn nvlinks_and_peers_come_from_the_profile() {
+    let backend = two_linked_gpus(
+        r#"nvlinks: ["0000:31:00.0", null, unknown]"#,
+        r#"nvlinks: ["00000000:17:00.0"]"#,
+    )
+    .unwrap();
+    let inventory = backend.inventory().unwrap();
+    let (first, second) = (&inventory.gpus[0], &inventory.gpus[1]);
+    assert_eq!(
+        first.nvlinks,
+        [
+            NvLink::active(0, Some("0000:31:00.0")).unwrap(),
+            NvLink::inactive(1),
+            NvLink::active(2, None).unwrap(),
+        ]
+    );
+    // NVML's form of the far end is accepted and normalized.
+    assert_eq!(
+        second.nvlinks[0].remote_pci_bus_id.as_deref(),
+        Some("0000:17:00.0")
+    );
+    // Peers derived from the links, as the trait answers them.
+    assert_eq!(
+        first.nvlink_peers.as_deref(),
+        Some(std::slice::from_ref(&second.info.uuid))
+    );
+    assert_eq!(
+        backend
+            .nvlink_p2p(&second.info.uuid, &first.info.uuid)
+            .unwrap(),
+        Some(true)
+    );
+    assert_eq!(backend.nvlinks(&first.info.uuid).unwrap(), first.nvlinks);
+}
+
+#[test]
+fn listed_peers_win_over_the_links() {
+    // Far ends unknown (NVSwitches a VM does not show): only the listed peers connect.
+    let backend = two_linked_gpus(
+        r#"nvlinks: [unknown], nvlinkPeers: ["0000:31:00.0"]"#,
+        "nvlinks: [unknown], nvlinkPeers: []",
+    )
+    .unwrap();
+    let inventory = backend.inventory().unwrap();
+    assert_eq!(
+        inventory.gpus[0].nvlink_peers.as_deref(),
+        Some(std::slice::from_ref(&inventory.gpus[1].info.uuid))
+    );
+    assert_eq!(inventory.gpus[1].nvlink_peers.as_deref(), Some(&[][..]));
+}
+
+#[test]
+fn bad_nvlinks_are_named() {
+    let cases = [
+        // Not a bus ID.
+        (r#"nvlinks: ["c4"]"#, "nvlinks: []", "gpus[0].nvlinks[0]"),
+        // A link to itself.
+        (
+            r#"nvlinks: ["0000:17:00.0"]"#,
+            "nvlinks: []",
+            "gpus[0].nvlinks[0]",
+        ),
+        // Two links out, one back.
+        (
+            r#"nvlinks: ["0000:31:00.0", "0000:31:00.0"]"#,
+            r#"nvlinks: ["0000:17:00.0"]"#,
+            "gpus[0].nvlinks",
+        ),
+        // A peer that is no GPU of the profile.
+        (
+            r#"nvlinks: [unknown], nvlinkPeers: ["0000:99:00.0"]"#,
+            "nvlinks: [unknown]",
+            "gpus[0].nvlinkPeers[0]",
+        ),
+        // Peers without a link up.
+        (
+            r#"nvlinks: [null], nvlinkPeers: ["0000:31:00.0"]"#,
+            "nvlinks: [unknown]",
+            "gpus[0].nvlinkPeers",
+        ),
+    ];
+    for (first, second, field) in cases {
+        let error = two_linked_gpus(first, second).unwrap_err();
+        assert_eq!(invalid_field(error), field, "{first} / {second}");
+    }
+    let nineteen = vec!["null"; 19].join(", ");
+    let error = two_linked_gpus(&format!("nvlinks: [{nineteen}]"), "nvlinks: []").unwrap_err();
+    assert!(
+        error.to_string().contains("NVML_NVLINK_MAX_LINKS"),
+        "{error}"
+    );
 }
