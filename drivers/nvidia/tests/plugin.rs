@@ -479,6 +479,45 @@ async fn two_gpu_claims_get_gpus_of_one_nvlink_group() {
         .unwrap_err();
 }
 
+/// "Two GPUs on one PCIe root" is one constraint too: on the DGX A100 (GPUs 3-7 whole; 4-5
+/// and 6-7 share a root complex, 3 has its own), a claim for two GPUs without a constraint
+/// gets 3 and 4; then one with `matchAttribute` on `resource.kubernetes.io/pcieRoot` gets the
+/// pair 6-7, not 5 with another; then, with only gpu-5 free, a claim constraining both the
+/// root and the NVLink group (one group on this NVSwitch machine) gets nothing.
+#[tokio::test]
+async fn two_gpu_claims_get_gpus_of_one_pcie_root() {
+    let fixture = start("dgx-a100", "").await;
+    let claim = |name: &str, constraints: &[&str]| {
+        constraints.iter().fold(
+            NewClaim::new("default", name)
+                .request("gpus", "gpu.nvidia.com")
+                .count(2),
+            |claim, attribute| claim.match_attribute(attribute, &[]),
+        )
+    };
+    let devices = |results: Vec<DeviceRequestAllocationResult>| {
+        let mut devices: Vec<String> = results.into_iter().map(|result| result.device).collect();
+        devices.sort();
+        devices
+    };
+    let any = fixture.allocate_claim("any", claim("any", &[])).await;
+    assert_eq!(devices(any.unwrap()), ["gpu-3", "gpu-4"]);
+    // gpu-3 and gpu-4 are taken now: the pair on one root is 6-7 (gpu-5's partner is held).
+    let root = fixture
+        .allocate_claim("root", claim("root", &["resource.kubernetes.io/pcieRoot"]))
+        .await;
+    assert_eq!(devices(root.unwrap()), ["gpu-6", "gpu-7"]);
+    // Only gpu-5 is left: no pair on one root, whatever the NVLink group says.
+    let both = [
+        "resource.kubernetes.io/pcieRoot",
+        "gpu.nvidia.com/nvlinkGroup",
+    ];
+    fixture
+        .allocate_claim("both", claim("both", &both))
+        .await
+        .unwrap_err();
+}
+
 /// What reaches the API server is the same, byte for byte, whether the plugin reads the
 /// machine through the mock backend or through NVML over the libnvidia-ml double: every
 /// shipped profile, in the default, passthrough and dynamic-MIG layouts.
