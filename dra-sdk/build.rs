@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "dra-v1.proto",
         "dra-v1beta1.proto",
         "dra-health-v1alpha1.proto",
+        "dra-health-v1.proto",
     ];
     for file in files {
         println!("cargo:rerun-if-changed={}", proto_dir.join(file).display());

@@ -16,6 +16,7 @@ use cel::common::types::{CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey,
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{Context, DeclarationError, Env, ExecutionError, Program, Value};
 
+use super::index::AttributeValue;
 use super::model;
 use dra_sdk::k8s::{QuantityValue as Quantity, Semver};
 
@@ -457,6 +458,44 @@ pub(crate) fn device_matches(program: &Program, context: &Context<'_, '_>) -> Re
         )),
         Err(error) => Err(lowercase_first(&error.to_string())),
     }
+}
+
+/// Evaluates a derived attribute (`derivedAttributes`, Kubernetes 1.37) against a device's
+/// context: a string, int or bool, or a list of them, as constraints compare values (a scalar
+/// is a one-element set). Any other result is an error, as in the scheduler.
+///
+/// A semver result is reported as an error too: cel-rust cannot hand a value of the
+/// Kubernetes semver type out of an evaluation (the test kit's gap; the scheduler accepts it).
+pub(crate) fn derived_value(
+    program: &Program,
+    context: &Context<'_, '_>,
+) -> Result<Vec<AttributeValue>, String> {
+    fn scalar(value: &Value) -> Option<AttributeValue> {
+        match value {
+            Value::Int(v) => Some(AttributeValue::Int(*v)),
+            Value::Bool(v) => Some(AttributeValue::Bool(*v)),
+            Value::String(v) => Some(AttributeValue::String(v.as_str().to_owned())),
+            _ => None,
+        }
+    }
+    let unsupported = |value: &Value| {
+        format!(
+            "CEL result of type {} is not a string, int, bool, semver or a list of them",
+            value.type_of()
+        )
+    };
+    let value = program
+        .execute(context)
+        .map_err(|error| lowercase_first(&error.to_string()))?;
+    if let Value::List(items) = &value {
+        return items
+            .iter()
+            .map(|item| scalar(item).ok_or_else(|| unsupported(item)))
+            .collect();
+    }
+    scalar(&value)
+        .map(|value| vec![value])
+        .ok_or_else(|| unsupported(&value))
 }
 
 /// cel-rust capitalizes its messages ("No such key: x"); cel-go, whose text users search for,

@@ -264,6 +264,23 @@ pub enum Verdict {
         /// The allocated devices that consume the counter set, and their claims.
         holders: Vec<CounterHolder>,
     },
+    /// The device's `compatibilityGroups` on one of its counter sets do not go with those of
+    /// the devices other claims hold from that set (Kubernetes 1.37): the groups of all devices
+    /// drawing from a counter set must have one in common, and a device without groups only
+    /// goes with devices without groups.
+    CompatibilityGroupConflict {
+        /// The counter set.
+        counter_set: String,
+        /// The device's groups on it (empty: none).
+        groups: Vec<String>,
+        /// The groups all allocated devices on the set have in common (empty when they
+        /// declared none, or have none in common: see `allocatedWithoutGroups`).
+        allocated_groups: Vec<String>,
+        /// Whether the allocated devices on the set declared no groups.
+        allocated_without_groups: bool,
+        /// The allocated devices that consume the counter set, and their claims.
+        holders: Vec<CounterHolder>,
+    },
     /// A constraint of the claim (`matchAttribute`, `distinctAttribute`) applies to the request,
     /// and the device does not have its attribute: it can never be part of the allocation.
     ConstraintAttributeMissing {
@@ -294,6 +311,7 @@ impl Verdict {
             Verdict::CapacityPolicy { .. } => "capacityPolicy",
             Verdict::CapacityExhausted { .. } => "capacityExhausted",
             Verdict::CountersExhausted { .. } => "countersExhausted",
+            Verdict::CompatibilityGroupConflict { .. } => "compatibilityGroupConflict",
             Verdict::ConstraintAttributeMissing { .. } => "constraintAttributeMissing",
         }
     }
@@ -416,6 +434,35 @@ impl fmt::Display for Verdict {
                 write!(
                     f,
                     "counter set {counter_set} exhausted: {counter} {needed} needed, {left} of {total} left"
+                )?;
+                if !holders.is_empty() {
+                    let held: Vec<String> = holders.iter().map(ToString::to_string).collect();
+                    write!(f, " (held by {})", held.join(", "))?;
+                }
+                Ok(())
+            }
+            Verdict::CompatibilityGroupConflict {
+                counter_set,
+                groups,
+                allocated_groups,
+                allocated_without_groups,
+                holders,
+            } => {
+                let own = if groups.is_empty() {
+                    "no compatibility groups".to_owned()
+                } else {
+                    format!("compatibility groups {}", groups.join(", "))
+                };
+                let allocated = if *allocated_without_groups {
+                    "devices without groups".to_owned()
+                } else if allocated_groups.is_empty() {
+                    "devices with no group in common".to_owned()
+                } else {
+                    format!("devices sharing {}", allocated_groups.join(", "))
+                };
+                write!(
+                    f,
+                    "counter set {counter_set}: {own} do not go with the allocated {allocated}"
                 )?;
                 if !holders.is_empty() {
                     let held: Vec<String> = holders.iter().map(ToString::to_string).collect();

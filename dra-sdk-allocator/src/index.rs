@@ -38,6 +38,8 @@ pub(crate) struct DeviceData {
     pub(crate) capacity: BTreeMap<String, CapacityData>,
     /// Per counter set: the counters this device takes from it.
     pub(crate) counters: Vec<(String, BTreeMap<String, Quantity>)>,
+    /// Per counter set it consumes from: its `compatibilityGroups` there (empty: no groups).
+    pub(crate) groups: BTreeMap<String, BTreeSet<String>>,
     /// Attributes under their fully qualified names (`domain/name`).
     pub(crate) attributes: BTreeMap<String, Vec<AttributeValue>>,
     pub(crate) multi: bool,
@@ -220,6 +222,7 @@ fn parse_device(
         );
     }
     let mut counters = Vec::with_capacity(device.consumes_counters.len());
+    let mut groups = BTreeMap::new();
     for consumption in &device.consumes_counters {
         let Some(set) = counter_sets.get(&consumption.counter_set) else {
             return Err(format!(
@@ -241,6 +244,10 @@ fn parse_device(
             taken.insert(name.clone(), value);
         }
         counters.push((consumption.counter_set.clone(), taken));
+        groups.insert(
+            consumption.counter_set.clone(),
+            consumption.compatibility_groups.iter().cloned().collect(),
+        );
     }
     let attributes = device
         .attributes
@@ -259,6 +266,7 @@ fn parse_device(
         raw: device,
         capacity,
         counters,
+        groups,
         attributes,
         multi,
     })

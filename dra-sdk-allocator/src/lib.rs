@@ -69,12 +69,27 @@
 //!   unqualified device attribute belongs to the driver's domain; list attributes use set
 //!   semantics), scoped by `requests` (`req` covers its subrequests, `req/sub` one of them),
 //!   found by backtracking over all requests.
+//! - **Derived attributes** (Kubernetes 1.37, `derivedAttributes` on `exactly` and on
+//!   `firstAvailable` subrequests, gate `DRADerivedAttributes`): for a device that passed the
+//!   request's selectors, each CEL expression (same `device` variable) yields a string, int or
+//!   bool or a list of them; constraints compare that value under the derived attribute's name,
+//!   which shadows a published attribute of the same name for that request's devices. Any error
+//!   (compile, runtime, another result type) aborts the allocation with
+//!   [`AllocationError::DerivedAttribute`], as the scheduler fails the pod instead of skipping
+//!   the device.
 //! - **Availability**: devices held by other claims are excluded; `adminAccess` results of other
 //!   claims do not hold devices, and admin requests ignore other claims (but take a device once
 //!   per claim). Devices with `NoSchedule`/`NoExecute` taints need a matching toleration;
 //!   tolerations are copied into the results.
 //! - **Partitionable devices**: a device's `consumesCounters` must fit into its pool's counter
 //!   sets minus what allocated devices of the pool consume (counted once per device).
+//! - **Compatibility groups** (Kubernetes 1.37, `consumesCounters[].compatibilityGroups`, gate
+//!   `DRADeviceCompatibilityGroups`): per counter set, the groups of every device drawing from
+//!   it (the devices other claims hold, with their groups as the slices publish them now, and
+//!   the devices the claim takes) must have at least one in common; a device without groups
+//!   only goes with devices without groups. Devices of different counter sets are never
+//!   compared. A refused device counts as "with incompatible compatibility groups" and its
+//!   verdict is [`Verdict::CompatibilityGroupConflict`].
 //! - **Consumable capacity**: a device with `allowMultipleAllocations` can be allocated again (by
 //!   other claims and by other requests of the claim, but once per request, as kube-scheduler
 //!   does) while its capacities last. Each share gets a fresh
@@ -142,6 +157,19 @@
 //! DeviceTaintRules, binding condition timeouts and `allocationTimestamp`, and allocating
 //! several claims of a pod together: claims are allocated one at a time, each seeing the ones
 //! before it as allocated.
+//!
+//! Of the Kubernetes 1.37 device model: the allocator behaves as a scheduler with the 1.37
+//! alpha gates on (a scheduler with `DRADeviceCompatibilityGroups` off ignores every slice
+//! declaring groups, which leaves its pool incomplete; that is not modelled).
+//! `partitionTypeAttribute` is read by the ResourcePoolStatusRequest controller in
+//! kube-controller-manager, not by the scheduler's allocator, so it changes no allocation here.
+//! `nodeAllocatableResources` is accounted by the scheduler against the node's allocatable
+//! `cpu`, `memory` and hugepages, next to the pods' own requests, and written to the pod's
+//! status for the kubelet; the allocator knows no pods or node allocatable and ignores it. A
+//! derived attribute yielding a semantic version fails here with a runtime error (cel-rust
+//! cannot hand such a value out of an evaluation), where the scheduler accepts it.
+//! [`ConstraintExplanation`] groups devices by their published attributes, not by derived
+//! ones.
 
 mod api;
 mod cel;
@@ -484,6 +512,26 @@ pub enum AllocationError {
         /// The evaluation error.
         message: String,
     },
+    /// A derived attribute of a request (`derivedAttributes`, Kubernetes 1.37) does not compile,
+    /// fails while evaluating a device that passed the request's selectors, or yields something
+    /// other than a scalar or a list of scalars. Like the scheduler, the allocator aborts rather
+    /// than leave the device out: a silently skipped device would hide the mistake.
+    #[error(
+        "claim {claim}, request {request}: derived attribute {name} on device {device}: {message}"
+    )]
+    DerivedAttribute {
+        /// `namespace/name` of the claim.
+        claim: String,
+        /// The request (`request/subrequest` for a subrequest).
+        request: String,
+        /// The derived attribute's name.
+        name: String,
+        /// `driver/pool/device` being evaluated.
+        device: String,
+        /// What went wrong, then the expression: `CEL runtime error: no such key: numa
+        /// (expression: device.attributes['nic.example.com'].numa)`.
+        message: String,
+    },
     /// The CEL environment could not be built (a bug, never expected).
     #[error("the CEL environment could not be built: {0}")]
     CelEnvironment(String),
@@ -635,6 +683,9 @@ pub enum UnsatisfiableReason {
         capacity: usize,
         /// Matching devices whose shared counters are used up.
         counters: usize,
+        /// Matching devices whose compatibility groups do not go with the devices already
+        /// allocated from one of their counter sets.
+        incompatible: usize,
     },
     /// Every request could be satisfied on its own, but not all together: constraints
     /// (`matchAttribute`, `distinctAttribute`) or requests competing for the same devices.
@@ -647,7 +698,7 @@ impl fmt::Display for UnsatisfiableReason {
             UnsatisfiableReason::NoMatchingDevice { considered } => {
                 write!(f, "no device matches the selectors ({considered} devices considered)")
             }
-            UnsatisfiableReason::Unavailable { needed, matching, available, allocated, tainted, capacity, counters } => {
+            UnsatisfiableReason::Unavailable { needed, matching, available, allocated, tainted, capacity, counters, incompatible } => {
                 if available == 0 && allocated == matching {
                     return write!(f, "all {matching} matching devices are allocated");
                 }
@@ -657,6 +708,7 @@ impl fmt::Display for UnsatisfiableReason {
                     (tainted, "tainted"),
                     (capacity, "without enough capacity"),
                     (counters, "without enough shared counters"),
+                    (incompatible, "with incompatible compatibility groups"),
                 ];
                 let listed: Vec<String> =
                     reasons.iter().filter(|(n, _)| *n > 0).map(|(n, what)| format!("{n} {what}")).collect();

@@ -128,6 +128,8 @@ pub(crate) struct CounterSet {
 pub(crate) struct CounterConsumption {
     pub(crate) counter_set: String,
     pub(crate) counters: BTreeMap<String, Counter>,
+    /// `compatibilityGroups` (1.37): unset and empty both mean "no groups".
+    pub(crate) compatibility_groups: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -250,6 +252,8 @@ pub(crate) struct ExactRequest {
     pub(crate) admin_access: Option<bool>,
     pub(crate) tolerations: Vec<Value>,
     pub(crate) capacity: Option<CapacityRequirements>,
+    /// `derivedAttributes` (1.37).
+    pub(crate) derived_attributes: Vec<DerivedAttribute>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -262,6 +266,17 @@ pub(crate) struct SubRequest {
     pub(crate) count: Option<i64>,
     pub(crate) tolerations: Vec<Value>,
     pub(crate) capacity: Option<CapacityRequirements>,
+    /// `derivedAttributes` (1.37).
+    pub(crate) derived_attributes: Vec<DerivedAttribute>,
+}
+
+/// A `DeviceDerivedAttribute` of a request: a value computed per candidate device by CEL that
+/// constraints compare instead of a published attribute of that name.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub(crate) struct DerivedAttribute {
+    pub(crate) name: String,
+    pub(crate) expression: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -7,15 +7,17 @@ use cel::{Context, Program};
 use serde_json::{Map, Value, json};
 use tracing::{debug, trace};
 
-use super::cel::{CelEnvironment, device_matches};
+use super::cel::{CelEnvironment, derived_value, device_matches};
 use super::index::{AttributeValue, CapacityData, DeviceData, PoolData, SliceData};
 use super::model::{self, ConstraintKind, NodeSelectorRequirement};
 use super::nodes::{NodeView, selector_matches};
 use super::{AllocationError, Allocator, RequestProblem, UnsatisfiableReason};
 use dra_sdk::k8s::QuantityValue as Quantity;
 
+mod groups;
 mod verdicts;
 
+pub(crate) use groups::{GroupConflict, Intersection};
 pub(crate) use verdicts::{explain_requests, node_devices};
 
 /// The most devices one claim's allocation may hold (`AllocationResultsMaxSize`).
@@ -44,6 +46,8 @@ struct Alternative<'a> {
     tolerations: Vec<model::Toleration>,
     raw_tolerations: &'a [Value],
     capacity: BTreeMap<String, Quantity>,
+    /// `derivedAttributes`: values constraints compare instead of the device's attributes.
+    derived: &'a [model::DerivedAttribute],
     /// For `All`: the candidates that match, decided before the search.
     all_devices: Vec<usize>,
 }
@@ -76,11 +80,18 @@ impl ConstraintState {
         constraint_applies(&self.requests, base, full)
     }
 
-    fn add(&mut self, base: &str, full: &str, device: &DeviceData) -> bool {
+    /// Adds a device, its attribute looked up by `value` (a derived attribute of the request
+    /// shadows the device's attribute of that name).
+    fn add<'v>(
+        &mut self,
+        base: &str,
+        full: &str,
+        value: impl FnOnce(&str) -> Option<&'v Vec<AttributeValue>>,
+    ) -> bool {
         if !self.applies(base, full) {
             return true;
         }
-        let Some(value) = device.attributes.get(&self.attribute) else {
+        let Some(value) = value(&self.attribute) else {
             return false;
         };
         let fits = match self.kind {
@@ -113,6 +124,7 @@ enum Blocked {
     Tainted,
     Capacity,
     Counters,
+    Groups,
 }
 
 /// Why a matching device cannot be taken, with the details an explanation reports.
@@ -126,6 +138,8 @@ pub(crate) enum Unavailable {
     Capacity(Box<CapacityShortfall>),
     /// The pool's shared counters are used up.
     Counters(Box<CounterShortfall>),
+    /// Its compatibility groups do not go with the devices placed on one of its counter sets.
+    Groups(Box<GroupConflict>),
 }
 
 impl Unavailable {
@@ -135,6 +149,7 @@ impl Unavailable {
             Unavailable::Tainted(_) => Blocked::Tainted,
             Unavailable::Capacity(_) => Blocked::Capacity,
             Unavailable::Counters(_) => Blocked::Counters,
+            Unavailable::Groups(_) => Blocked::Groups,
         }
     }
 }
@@ -157,6 +172,8 @@ struct Chosen {
     /// For a share of a multi-allocatable device: what it consumes.
     share: Option<BTreeMap<String, Quantity>>,
     took_counters: bool,
+    /// The compatibility-group state of the device's counter sets before it was taken.
+    previous_groups: Vec<(String, Intersection)>,
 }
 
 /// Why the search stopped short of an answer.
@@ -181,9 +198,72 @@ struct Selection<'a> {
     programs: HashMap<String, Result<Program, String>>,
     contexts: HashMap<usize, Result<Context<'static, 'static>, String>>,
     matches: HashMap<(usize, usize, usize), bool>,
+    /// Derived attribute values per (request, alternative, candidate).
+    derived: HashMap<(usize, usize, usize), DerivedValues>,
 }
 
+/// A device's derived attribute values for one alternative: name → values.
+type DerivedValues = BTreeMap<String, Vec<AttributeValue>>;
+
 impl Selection<'_> {
+    /// The values of the alternative's derived attributes for a device that passed its
+    /// selectors. Any failure (compile, runtime, result type) aborts the allocation, as in the
+    /// scheduler.
+    fn derived(
+        &mut self,
+        key: (usize, usize, usize),
+        alternative: &Alternative<'_>,
+        driver: &str,
+        device: &DeviceData,
+        device_id: impl FnOnce() -> String,
+    ) -> Result<&DerivedValues, AllocationError> {
+        if !self.derived.contains_key(&key) {
+            let mut values = DerivedValues::new();
+            let mut device_id = Some(device_id);
+            for derived in alternative.derived {
+                let mut failed = |message: String| AllocationError::DerivedAttribute {
+                    claim: self.claim_name.to_owned(),
+                    request: alternative.name.clone(),
+                    name: derived.name.clone(),
+                    device: device_id.take().map(|id| id()).unwrap_or_default(),
+                    message: format!("{message} (expression: {})", derived.expression),
+                };
+                let Some(env) = self.env else {
+                    return Err(AllocationError::CelEnvironment(
+                        self.env_error.unwrap_or_default().to_owned(),
+                    ));
+                };
+                let program = match self
+                    .programs
+                    .entry(derived.expression.clone())
+                    .or_insert_with(|| env.compile(&derived.expression))
+                {
+                    Ok(program) => program,
+                    Err(message) => {
+                        let first = message.lines().next().unwrap_or_default().to_owned();
+                        return Err(failed(format!("CEL compile error: {first}")));
+                    }
+                };
+                let context = match self
+                    .contexts
+                    .entry(key.2)
+                    .or_insert_with(|| env.device_context(driver, &device.raw))
+                {
+                    Ok(context) => context,
+                    Err(message) => {
+                        let message = format!("CEL runtime error: {message}");
+                        return Err(failed(message));
+                    }
+                };
+                let value = derived_value(program, context)
+                    .map_err(|message| failed(format!("CEL runtime error: {message}")))?;
+                values.insert(derived.name.clone(), value);
+            }
+            self.derived.insert(key, values);
+        }
+        Ok(&self.derived[&key])
+    }
+
     fn selectable(
         &mut self,
         key: (usize, usize, usize),
@@ -378,6 +458,8 @@ struct State {
     in_claim: Vec<u32>,
     /// Per pool: counter set → counter → what is left.
     counters_left: HashMap<usize, BTreeMap<String, BTreeMap<String, Quantity>>>,
+    /// Per pool: counter set → the compatibility groups of the devices placed on it.
+    groups: HashMap<usize, BTreeMap<String, Intersection>>,
     constraints: Vec<ConstraintState>,
     chosen: Vec<Chosen>,
     selected: Vec<usize>,
@@ -420,6 +502,7 @@ pub(crate) fn allocate(
         programs: HashMap::new(),
         contexts: HashMap::new(),
         matches: HashMap::new(),
+        derived: HashMap::new(),
     };
     let mut problem = Problem {
         allocator,
@@ -634,6 +717,7 @@ fn build_slot<'a>(
                     admin: exact.admin_access.unwrap_or(false),
                     tolerations: &exact.tolerations,
                     capacity: exact.capacity.as_ref(),
+                    derived: &exact.derived_attributes,
                 },
             )?;
             Ok(Slot {
@@ -659,6 +743,7 @@ fn build_slot<'a>(
                             admin: false,
                             tolerations: &sub.tolerations,
                             capacity: sub.capacity.as_ref(),
+                            derived: &sub.derived_attributes,
                         },
                     )
                 })
@@ -684,6 +769,7 @@ struct AlternativeSpec<'a> {
     admin: bool,
     tolerations: &'a [Value],
     capacity: Option<&'a model::CapacityRequirements>,
+    derived: &'a [model::DerivedAttribute],
 }
 
 fn build_alternative<'a>(
@@ -767,6 +853,7 @@ fn build_alternative<'a>(
         tolerations,
         raw_tolerations: spec.tolerations,
         capacity,
+        derived: spec.derived,
         all_devices: Vec::new(),
     })
 }
@@ -821,6 +908,7 @@ fn initial_state(problem: &Problem<'_>, constraints: Vec<ConstraintState>) -> St
         shared_used: Vec::with_capacity(count),
         in_claim: vec![0; count],
         counters_left: HashMap::new(),
+        groups: HashMap::new(),
         constraints,
         chosen: Vec::new(),
         selected: vec![0; problem.slots.len()],
@@ -840,10 +928,17 @@ fn initial_state(problem: &Problem<'_>, constraints: Vec<ConstraintState>) -> St
             continue;
         }
         let mut left = pool.counter_sets.clone();
+        // Compatibility groups of held devices are read from the slices as they are now, like
+        // the scheduler does (the allocation result records none).
+        let mut groups: BTreeMap<String, Intersection> = BTreeMap::new();
         for device in pool.slices.iter().flat_map(|slice| &slice.devices) {
             let (taken, share) = is_held(pool, device);
             if !taken && share.is_none() {
                 continue;
+            }
+            for (set, declared) in &device.groups {
+                let placed = groups.entry(set.clone()).or_default();
+                *placed = placed.with(declared);
             }
             for (set, counters) in &device.counters {
                 let Some(available) = left.get_mut(set) else {
@@ -858,6 +953,7 @@ fn initial_state(problem: &Problem<'_>, constraints: Vec<ConstraintState>) -> St
             }
         }
         state.counters_left.insert(pool_index, left);
+        state.groups.insert(pool_index, groups);
     }
     state
 }
@@ -1149,10 +1245,13 @@ impl Search<'_> {
                 &state.shared_used[candidate],
             )
             .map_err(|shortfall| Unavailable::Capacity(Box::new(shortfall)))?;
-            if self.takes_counters(wanted, candidate)
-                && let Some(shortfall) = self.counters_shortfall(candidate)
-            {
-                return Err(Unavailable::Counters(Box::new(shortfall)));
+            if self.takes_counters(wanted, candidate) {
+                if let Some(shortfall) = self.counters_shortfall(candidate) {
+                    return Err(Unavailable::Counters(Box::new(shortfall)));
+                }
+                if let Some(conflict) = self.group_conflict(candidate) {
+                    return Err(Unavailable::Groups(Box::new(conflict)));
+                }
             }
             return Ok(Some(share));
         }
@@ -1178,12 +1277,50 @@ impl Search<'_> {
                 Some(_) => {}
             }
         }
-        if self.takes_counters(wanted, candidate)
-            && let Some(shortfall) = self.counters_shortfall(candidate)
-        {
-            return Err(Unavailable::Counters(Box::new(shortfall)));
+        if self.takes_counters(wanted, candidate) {
+            if let Some(shortfall) = self.counters_shortfall(candidate) {
+                return Err(Unavailable::Counters(Box::new(shortfall)));
+            }
+            if let Some(conflict) = self.group_conflict(candidate) {
+                return Err(Unavailable::Groups(Box::new(conflict)));
+            }
         }
         Ok(None)
+    }
+
+    /// The first counter set of the device whose placed devices' compatibility groups do not
+    /// admit it.
+    fn group_conflict(&self, candidate: usize) -> Option<GroupConflict> {
+        let pool = self.problem.candidates[candidate].pool;
+        let placed = self.state.groups.get(&pool);
+        for (set, groups) in &self.problem.device(candidate).groups {
+            let current = placed
+                .and_then(|placed| placed.get(set))
+                .cloned()
+                .unwrap_or_default();
+            if !current.admits(groups) {
+                return Some(GroupConflict {
+                    set: set.clone(),
+                    groups: groups.clone(),
+                    placed: current,
+                });
+            }
+        }
+        None
+    }
+
+    /// Places the device's compatibility groups on its counter sets and returns what was
+    /// there before, for [`Self::undo_last`].
+    fn place_groups(&mut self, candidate: usize) -> Vec<(String, Intersection)> {
+        let pool = self.problem.candidates[candidate].pool;
+        let placed = self.state.groups.entry(pool).or_default();
+        let mut previous = Vec::new();
+        for (set, groups) in &self.problem.device(candidate).groups {
+            let current = placed.entry(set.clone()).or_default();
+            previous.push((set.clone(), current.clone()));
+            *current = current.with(groups);
+        }
+        previous
     }
 
     fn takes_counters(&self, wanted: &Alternative<'_>, candidate: usize) -> bool {
@@ -1259,8 +1396,26 @@ impl Search<'_> {
             }
         };
         let device = problem.device(candidate);
+        let no_derived = DerivedValues::new();
+        let derived = if wanted.derived.is_empty() {
+            &no_derived
+        } else {
+            let driver = &problem.pool(candidate).driver;
+            self.selection.derived(
+                (slot, alternative, candidate),
+                wanted,
+                driver,
+                device,
+                || device_id(problem, candidate),
+            )?
+        };
         for index in 0..self.state.constraints.len() {
-            if !self.state.constraints[index].add(wanted.base, &wanted.name, device) {
+            let value = |attribute: &str| {
+                derived
+                    .get(attribute)
+                    .or_else(|| device.attributes.get(attribute))
+            };
+            if !self.state.constraints[index].add(wanted.base, &wanted.name, value) {
                 for earlier in &mut self.state.constraints[..index] {
                     earlier.remove(wanted.base, &wanted.name);
                 }
@@ -1275,8 +1430,10 @@ impl Search<'_> {
             }
         }
         let took_counters = self.takes_counters(wanted, candidate);
+        let mut previous_groups = Vec::new();
         if took_counters {
             self.adjust_counters(candidate, true);
+            previous_groups = self.place_groups(candidate);
         }
         if let Some(share) = &share {
             let used = &mut self.state.shared_used[candidate];
@@ -1297,6 +1454,7 @@ impl Search<'_> {
             admin: wanted.admin,
             share,
             took_counters,
+            previous_groups,
         });
         Ok(true)
     }
@@ -1312,6 +1470,12 @@ impl Search<'_> {
         }
         if chosen.took_counters {
             self.adjust_counters(chosen.candidate, false);
+            let pool = problem.candidates[chosen.candidate].pool;
+            if let Some(placed) = self.state.groups.get_mut(&pool) {
+                for (set, previous) in chosen.previous_groups {
+                    placed.insert(set, previous);
+                }
+            }
         }
         if let Some(share) = &chosen.share {
             let used = &mut self.state.shared_used[chosen.candidate];
@@ -1370,6 +1534,7 @@ impl Search<'_> {
                         tainted: count(Blocked::Tainted),
                         capacity: count(Blocked::Capacity),
                         counters: count(Blocked::Counters),
+                        incompatible: count(Blocked::Groups),
                     })
                 } else {
                     None

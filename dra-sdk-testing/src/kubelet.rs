@@ -24,7 +24,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use dra_sdk::advanced::AuthorityRewriteStream;
 use dra_sdk::advanced::proto::{
-    dra_v1, dra_v1beta1, health_v1alpha1 as health_pb, pluginregistration as reg_pb,
+    dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg_pb,
 };
 use dra_sdk::claim::ClaimRef;
 use dra_sdk::health::HealthStatus;
@@ -41,9 +41,11 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// The service names the kubelet knows, as plugins advertise them.
 const DRA_V1_SERVICE: &str = "v1.DRAPlugin";
 const DRA_V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
-const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+const HEALTH_V1_SERVICE: &str = "v1.DRAResourceHealth";
+const HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
-/// Which kubelet release to imitate. They differ in how they pick the DRA API version.
+/// Which kubelet release to imitate. They differ in how they pick the DRA API version and the
+/// health service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KubeletVersion {
@@ -57,6 +59,18 @@ pub enum KubeletVersion {
     V1_35,
     /// 1.36: like 1.34.
     V1_36,
+    /// 1.37: picks the DRA API like 1.34; knows the health service in v1 and v1alpha1 and
+    /// takes v1 when the plugin lists it (1.34-1.36 know only v1alpha1).
+    V1_37,
+}
+
+/// The resource-health service version a kubelet chose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthApi {
+    /// `v1.DRAResourceHealth` (kubelet 1.37+).
+    V1,
+    /// `v1alpha1.DRAResourceHealth` (kubelet 1.34+).
+    V1alpha1,
 }
 
 /// The DRA node API version a kubelet chose.
@@ -269,6 +283,25 @@ impl KubeletSimulator {
         self.validate(info)
     }
 
+    /// The health service this kubelet would open for a plugin that sent `info`: a 1.37
+    /// kubelet takes v1 when it is listed, else v1alpha1 when that is; 1.34-1.36 know only
+    /// v1alpha1; 1.32/1.33 stream no health. `None` when no known service is listed.
+    pub fn choose_health(&self, info: &reg_pb::PluginInfo) -> Option<HealthApi> {
+        let listed = |name: &str| info.supported_versions.iter().any(|v| v == name);
+        match self.version {
+            KubeletVersion::V1_37 if listed(HEALTH_V1_SERVICE) => Some(HealthApi::V1),
+            KubeletVersion::V1_34
+            | KubeletVersion::V1_35
+            | KubeletVersion::V1_36
+            | KubeletVersion::V1_37
+                if listed(HEALTH_V1ALPHA1_SERVICE) =>
+            {
+                Some(HealthApi::V1alpha1)
+            }
+            _ => None,
+        }
+    }
+
     /// Runs the registration handshake: `GetInfo`, validation, `NotifyRegistrationStatus`.
     pub async fn register(&self, socket: &Path) -> Result<RegisteredPlugin, KubeletError> {
         let channel = dial_registration(socket).await?;
@@ -309,11 +342,12 @@ impl KubeletSimulator {
             PathBuf::from(&info.endpoint)
         };
         let channel = dial(&endpoint).await?;
-        let health_advertised = info.supported_versions.iter().any(|v| v == HEALTH_SERVICE);
+        let health_api = self.choose_health(&info);
         Ok(RegisteredPlugin {
             info,
             api,
-            health_advertised,
+            health_advertised: health_api.is_some(),
+            health_api,
             channel,
         })
     }
@@ -338,7 +372,10 @@ impl KubeletSimulator {
         };
         match self.version {
             // 1.34+: the plugin's order decides; unknown entries are skipped.
-            KubeletVersion::V1_34 | KubeletVersion::V1_35 | KubeletVersion::V1_36 => info
+            KubeletVersion::V1_34
+            | KubeletVersion::V1_35
+            | KubeletVersion::V1_36
+            | KubeletVersion::V1_37 => info
                 .supported_versions
                 .iter()
                 .find_map(|v| to_api(v))
@@ -376,8 +413,10 @@ pub struct RegisteredPlugin {
     pub info: reg_pb::PluginInfo,
     /// The API version the kubelet chose.
     pub api: DraApi,
-    /// Whether the plugin advertised the health service.
+    /// Whether the plugin advertised a health service this kubelet knows.
     pub health_advertised: bool,
+    /// The health service this kubelet chose (see [`KubeletSimulator::choose_health`]).
+    pub health_api: Option<HealthApi>,
     channel: Channel,
 }
 
@@ -413,21 +452,49 @@ impl RegisteredPlugin {
             .collect())
     }
 
-    /// Opens the health stream. Kubelet 1.34 does when health is advertised; kubelet 1.36
-    /// (v1.36.2 included) does for every plugin, advertised or not, and retries every 5 s
-    /// after an error.
+    /// Opens the health stream in the service version this kubelet chose. With none listed,
+    /// it opens v1alpha1 as kubelet 1.36 (v1.36.2 included) does for every plugin, advertised
+    /// or not, retrying every 5 s after an error; a 1.37 kubelet opens none then.
     pub async fn watch_health(&self) -> Result<HealthWatch, KubeletError> {
-        let mut client = health_pb::dra_resource_health_client::DraResourceHealthClient::new(
-            self.channel.clone(),
-        );
-        let stream = client
-            .node_watch_resources(health_pb::NodeWatchResourcesRequest {})
+        self.watch_health_via(self.health_api.unwrap_or(HealthApi::V1alpha1))
             .await
-            .map_err(|status| KubeletError::Rpc {
-                call: "NodeWatchResources",
-                status,
-            })?
-            .into_inner();
+    }
+
+    /// Opens the health stream in a given service version, whatever the kubelet would pick:
+    /// for checking every advertised version.
+    pub async fn watch_health_via(&self, api: HealthApi) -> Result<HealthWatch, KubeletError> {
+        let rpc = |status| KubeletError::Rpc {
+            call: "NodeWatchResources",
+            status,
+        };
+        let stream = match api {
+            HealthApi::V1 => {
+                let mut client =
+                    health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+                        self.channel.clone(),
+                    );
+                HealthStream::V1(
+                    client
+                        .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+                        .await
+                        .map_err(rpc)?
+                        .into_inner(),
+                )
+            }
+            HealthApi::V1alpha1 => {
+                let mut client =
+                    health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
+                        self.channel.clone(),
+                    );
+                HealthStream::V1alpha1(
+                    client
+                        .node_watch_resources(health_v1alpha1::NodeWatchResourcesRequest {})
+                        .await
+                        .map_err(rpc)?
+                        .into_inner(),
+                )
+            }
+        };
         Ok(HealthWatch { stream })
     }
 }
@@ -435,31 +502,63 @@ impl RegisteredPlugin {
 /// The kubelet's side of the health stream.
 #[derive(Debug)]
 pub struct HealthWatch {
-    stream: tonic::Streaming<health_pb::NodeWatchResourcesResponse>,
+    stream: HealthStream,
+}
+
+/// The open stream, in the version the kubelet dialled.
+#[derive(Debug)]
+enum HealthStream {
+    V1(tonic::Streaming<health_v1::NodeWatchResourcesResponse>),
+    V1alpha1(tonic::Streaming<health_v1alpha1::NodeWatchResourcesResponse>),
+}
+
+/// A health response in version `$pb` as [`ObservedHealth`] entries.
+macro_rules! observed {
+    ($pb:ident, $response:expr) => {
+        $response
+            .devices
+            .into_iter()
+            .map(|device| {
+                let id = device.device.unwrap_or_default();
+                ObservedHealth {
+                    pool: id.pool_name,
+                    device: id.device_name,
+                    status: match $pb::HealthStatus::try_from(device.health) {
+                        Ok($pb::HealthStatus::Healthy) => HealthStatus::Healthy,
+                        Ok($pb::HealthStatus::Unhealthy) => HealthStatus::Unhealthy,
+                        _ => HealthStatus::Unknown,
+                    },
+                    message: device.message,
+                    timeout_seconds: device.health_check_timeout_seconds,
+                }
+            })
+            .collect()
+    };
 }
 
 impl HealthWatch {
+    /// The service version this stream was opened in.
+    pub fn api(&self) -> HealthApi {
+        match self.stream {
+            HealthStream::V1(_) => HealthApi::V1,
+            HealthStream::V1alpha1(_) => HealthApi::V1alpha1,
+        }
+    }
+
     /// The next full device list; `None` when the plugin ended the stream.
     pub async fn next(&mut self) -> Option<Result<Vec<ObservedHealth>, KubeletError>> {
-        match self.stream.message().await {
-            Ok(Some(response)) => Some(Ok(response
-                .devices
-                .into_iter()
-                .map(|device| {
-                    let id = device.device.unwrap_or_default();
-                    ObservedHealth {
-                        pool: id.pool_name,
-                        device: id.device_name,
-                        status: match health_pb::HealthStatus::try_from(device.health) {
-                            Ok(health_pb::HealthStatus::Healthy) => HealthStatus::Healthy,
-                            Ok(health_pb::HealthStatus::Unhealthy) => HealthStatus::Unhealthy,
-                            _ => HealthStatus::Unknown,
-                        },
-                        message: device.message,
-                        timeout_seconds: device.health_check_timeout_seconds,
-                    }
-                })
-                .collect())),
+        let next = match &mut self.stream {
+            HealthStream::V1(stream) => stream
+                .message()
+                .await
+                .map(|response| response.map(|r| observed!(health_v1, r))),
+            HealthStream::V1alpha1(stream) => stream
+                .message()
+                .await
+                .map(|response| response.map(|r| observed!(health_v1alpha1, r))),
+        };
+        match next {
+            Ok(Some(devices)) => Some(Ok(devices)),
             Ok(None) => None,
             Err(status) => Some(Err(KubeletError::Rpc {
                 call: "NodeWatchResources",
@@ -568,6 +667,40 @@ async fn with_timeout<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn info(versions: &[&str]) -> reg_pb::PluginInfo {
+        reg_pb::PluginInfo {
+            r#type: "DRAPlugin".into(),
+            name: "gpu.example.com".into(),
+            endpoint: "/dra.sock".into(),
+            supported_versions: versions.iter().map(|v| (*v).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn health_service_is_picked_like_the_1_37_kubelet() {
+        let both = info(&[DRA_V1_SERVICE, HEALTH_V1ALPHA1_SERVICE, HEALTH_V1_SERVICE]);
+        let alpha_only = info(&[DRA_V1_SERVICE, HEALTH_V1ALPHA1_SERVICE]);
+        let v1_only = info(&[DRA_V1_SERVICE, HEALTH_V1_SERVICE]);
+        let none = info(&[DRA_V1_SERVICE]);
+        let new = KubeletSimulator::new(KubeletVersion::V1_37);
+        // v1 wins whatever the order of the list.
+        assert_eq!(new.choose_health(&both), Some(HealthApi::V1));
+        assert_eq!(new.choose_health(&alpha_only), Some(HealthApi::V1alpha1));
+        assert_eq!(new.choose_health(&v1_only), Some(HealthApi::V1));
+        assert_eq!(new.choose_health(&none), None);
+        for version in [
+            KubeletVersion::V1_34,
+            KubeletVersion::V1_35,
+            KubeletVersion::V1_36,
+        ] {
+            let old = KubeletSimulator::new(version);
+            assert_eq!(old.choose_health(&both), Some(HealthApi::V1alpha1));
+            assert_eq!(old.choose_health(&v1_only), None, "{version:?} knows no v1");
+        }
+        let oldest = KubeletSimulator::new(KubeletVersion::V1_33);
+        assert_eq!(oldest.choose_health(&both), None);
+    }
 
     #[test]
     fn authority_is_the_percent_encoded_path_like_the_recorded_kubelet() {

@@ -16,7 +16,9 @@
 //! - [`demo`]: the runner of a driver's end-to-end demo (embedded cluster or a real one);
 //! - [`bench`](mod@bench): latency percentiles and the timed loops the benches share;
 //! - [`deliverables`]: checks of what a driver repository ships (Helm charts, Dockerfiles,
-//!   resident memory of the plugin process).
+//!   resident memory of the plugin process);
+//! - [`admission`]: admission webhooks under HTTPS: test certificates, a client, and
+//!   AdmissionReviews in the API server's shape.
 //!
 //! Everything here talks over real sockets, so a driver tested with it is tested the way a
 //! cluster will use it.
@@ -34,6 +36,7 @@
 mod assertions;
 pub use assertions::assert_contains;
 
+pub mod admission;
 pub mod apiserver;
 pub mod bench;
 mod cdi_check;

@@ -1093,3 +1093,80 @@ async fn device_status_with_granular_authorization() {
     assert_eq!(devices.as_array().unwrap().len(), 1, "{devices}");
     assert_eq!(devices[0]["driver"], "gpu.example.com");
 }
+
+/// A real API server takes the plugin's failure Event as written (the strict validation of
+/// `events.k8s.io/v1`: required fields, lengths, a series of at least 2, only `series` changed
+/// by the patch), and counts the retries in one Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_accepts_the_plugins_prepare_failed_event_and_its_series() {
+    use dra_sdk_testing::claims::AllocatedClaim;
+    use dra_sdk_testing::sample_driver::DRIVER;
+    use k8s_openapi::api::events::v1::Event;
+
+    let Some(binaries) = binaries_or_skip() else {
+        return;
+    };
+    let cluster = RealCluster::builder(&binaries)
+        .control_plane_only()
+        .start()
+        .await
+        .unwrap();
+    let client = cluster.client().await.unwrap();
+    let node = "events-node";
+    let claim = AllocatedClaim::new("default", "bad-config")
+        .device("gpu", DRIVER, node, "gpu-0")
+        .claim_config(
+            &["gpu"],
+            DRIVER,
+            json!({"apiVersion": "gpu.example.com/v1", "kind": "GpuConfig", "sharing": 7}),
+        )
+        .create(&client)
+        .await
+        .unwrap();
+    let claim = ClaimRef {
+        uid: claim.metadata.uid.clone().unwrap(),
+        namespace: "default".into(),
+        name: "bad-config".into(),
+    };
+    let dirs = tempfile::tempdir().unwrap();
+    let plugin = KubeletPlugin::builder(GpuDriver::default(), DRIVER, node, client.clone())
+        .registrar_dir(dirs.path().join("registry"))
+        .plugins_dir(dirs.path().join("plugins"))
+        .cdi_root(dirs.path().join("cdi"))
+        .resources(gpus_on(node, 2))
+        .start()
+        .await
+        .unwrap();
+    let kubelet = KubeletSimulator::new(KubeletVersion::V1_36)
+        .register(&plugin.socket_paths().registration)
+        .await
+        .unwrap();
+    let mut message = String::new();
+    for _ in 0..3 {
+        let outcomes = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
+        message = outcomes[&claim.uid].clone().unwrap_err();
+    }
+    let events = Api::<Event>::namespaced(client, "default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let event = loop {
+        let listed = events.list(&ListParams::default()).await.unwrap().items;
+        let ours = listed.into_iter().find(|e| {
+            e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(claim.uid.as_str())
+        });
+        if let Some(event) = ours
+            && event.series.as_ref().is_some_and(|s| s.count == 3)
+        {
+            break event;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no PrepareFailed Event with a series of 3 on the claim"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(event.reason.as_deref(), Some("PrepareFailed"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.note.as_deref(), Some(message.as_str()));
+    assert_eq!(event.reporting_controller.as_deref(), Some(DRIVER));
+    plugin.shutdown().await.unwrap();
+}

@@ -1430,3 +1430,55 @@ async fn shutdown_ends_watches() {
         .unwrap();
     assert!(events.is_empty());
 }
+
+/// A slice with every 1.37 device-model field, as JSON.
+fn slice_with_1_37_fields() -> ResourceSlice {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "s137"},
+        "spec": {
+            "driver": "gpu.example.com", "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 0, "resourceSliceCount": 1},
+            "partitionTypeAttribute": "gpu.example.com/profile",
+            "skipNodeOperations": ["NodePrepareResources", "NodeUnprepareResources"],
+            "devices": [{
+                "name": "mig-0",
+                "attributes": {"gpu.example.com/profile": {"string": "1g"}},
+                "consumesCounters": [{"counterSet": "gpu-0",
+                    "counters": {"memory": {"value": "10Gi"}}, "compatibilityGroups": ["mig"]}],
+                "nodeAllocatableResources": {"memory": {"overhead": {"perPod": "1Gi"}}},
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_pre_1_37_server_drops_the_1_37_slice_fields_and_a_1_37_one_keeps_them() {
+    let fields = |slice: &ResourceSlice| {
+        let spec = serde_json::to_value(&slice.spec).unwrap();
+        [
+            !spec["partitionTypeAttribute"].is_null(),
+            !spec["skipNodeOperations"].is_null(),
+            !spec["devices"][0]["consumesCounters"][0]["compatibilityGroups"].is_null(),
+            !spec["devices"][0]["nodeAllocatableResources"].is_null(),
+        ]
+    };
+    let old = FakeApiServer::start().await.unwrap(); // v1.36.2
+    let stored = old.insert(&slice_with_1_37_fields()).unwrap();
+    assert_eq!(fields(&stored), [false; 4]);
+
+    let new = FakeApiServer::builder()
+        .git_version("v1.37.0")
+        .start()
+        .await
+        .unwrap();
+    let stored = new.insert(&slice_with_1_37_fields()).unwrap();
+    assert_eq!(fields(&stored), [true; 4]);
+    assert!(new.disable_feature_gate("DRADeviceCompatibilityGroups"));
+    assert!(!new.disable_feature_gate("DRANoSuchGate"));
+    let mut second = slice_with_1_37_fields();
+    second.metadata.name = Some("s137b".into());
+    let stored = new.insert(&second).unwrap();
+    assert_eq!(fields(&stored), [true, true, false, true]);
+}

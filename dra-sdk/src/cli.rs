@@ -102,6 +102,70 @@ pub struct PluginArgs {
     /// memory.
     #[arg(long, env = "WORKER_THREADS")]
     pub worker_threads: Option<std::num::NonZeroUsize>,
+
+    /// Log format on stderr: `text` (one human-readable line per event) or `json` (one JSON
+    /// object per line, for log pipelines). See [`PluginArgs::init_logging`].
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How [`PluginArgs::init_logging`] writes log lines (`--log-format`, env `LOG_FORMAT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum LogFormat {
+    /// One human-readable line per event, with the fields of the spans it happened in
+    /// (`claim{driver=… claim.uid=…}: message`); coloured only on a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp` (RFC 3339), `level`, `target`, `message` and the
+    /// event's own fields at the top level, `span` (the innermost span's name and fields) and
+    /// `spans` (every enclosing span, outermost first), so a claim's UID and the driver's name
+    /// are on every line logged while working on that claim.
+    Json,
+}
+
+impl LogFormat {
+    /// The format `LOG_FORMAT` names, for a binary without [`PluginArgs`] (a demo, a tool):
+    /// `text` when unset; an unknown value is reported on stderr and `text` is used.
+    pub fn from_env() -> Self {
+        let (format, problem) = log_format_from(std::env::var_os("LOG_FORMAT").as_deref());
+        if let Some(problem) = problem {
+            eprintln!("{problem}");
+        }
+        format
+    }
+
+    /// Logs to stderr in this format at the levels `RUST_LOG` names, `default_level` when it
+    /// is unset: the one logging set-up of every binary (plugins call it through
+    /// [`PluginArgs::init_logging`]; a demo passes a quieter level). See
+    /// [`PluginArgs::init_logging`] for `RUST_LOG` and colour.
+    ///
+    /// ```no_run
+    /// use dra_sdk::cli::LogFormat;
+    ///
+    /// // A demo binary: errors only unless RUST_LOG says more.
+    /// LogFormat::from_env().init_logging(tracing::level_filters::LevelFilter::ERROR);
+    /// ```
+    pub fn init_logging(self, default_level: tracing::level_filters::LevelFilter) {
+        use std::io::IsTerminal as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+
+        let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
+        let (filter, problem) = log_filter(&rust_log, default_level);
+        let colour = use_colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        );
+        tracing_subscriber::registry()
+            .with(log_layer(self, colour, std::io::stderr))
+            .with(filter)
+            .init();
+        if let Some(problem) = problem {
+            // After the set-up, so that a JSON pipeline gets it as a JSON line too.
+            tracing::warn!("{problem}");
+        }
+    }
 }
 
 /// The most worker threads [`PluginArgs::runtime`] starts unless `--worker-threads` says more.
@@ -128,10 +192,15 @@ pub struct ArgsError {
 }
 
 impl PluginArgs {
-    /// Logs to stderr at the levels `RUST_LOG` names, as `level` and `target=level`
-    /// directives (`info`, `warn,dra_sdk=debug`); `info` when unset, and an unparsable value
-    /// is reported and ignored. Call it once, first thing in `main`, before the flags are
-    /// parsed.
+    /// Logs to stderr in `--log-format` (env `LOG_FORMAT`, default `text`) at the levels
+    /// `RUST_LOG` names, as `level` and `target=level` directives (`info`,
+    /// `warn,dra_sdk=debug`); `info` when unset, and an unparsable value is reported and
+    /// ignored. Call it once, first thing after the flags are parsed. Binaries without
+    /// `PluginArgs` call [`LogFormat::init_logging`].
+    ///
+    /// Text is coloured only when stderr is a terminal and `NO_COLOR` is unset or empty
+    /// (<https://no-color.org>): a plugin's stderr is a file on the node, read with
+    /// `kubectl logs`, where escape codes are noise. JSON is never coloured.
     ///
     /// The directives are `tracing_subscriber`'s `Targets`, not `EnvFilter`: its span and field
     /// matching brings a regex engine into the executable, and every megabyte of code shows up
@@ -147,28 +216,13 @@ impl PluginArgs {
     ///     plugin: PluginArgs,
     /// }
     ///
-    /// PluginArgs::init_logging();
     /// let cli = Cli::parse();
+    /// cli.plugin.init_logging();
     /// tracing::info!(node = %cli.plugin.node_name, "starting");
     /// ```
-    pub fn init_logging() {
-        use tracing_subscriber::filter::{LevelFilter, Targets};
-        use tracing_subscriber::layer::SubscriberExt as _;
-        use tracing_subscriber::util::SubscriberInitExt as _;
-
-        let rust_log = std::env::var("RUST_LOG").unwrap_or_default();
-        let filter = match rust_log.parse::<Targets>() {
-            Ok(filter) if !rust_log.trim().is_empty() => filter,
-            Ok(_) => Targets::new().with_default(LevelFilter::INFO),
-            Err(error) => {
-                eprintln!("ignoring RUST_LOG={rust_log:?} ({error}); logging at info");
-                Targets::new().with_default(LevelFilter::INFO)
-            }
-        };
-        tracing_subscriber::registry()
-            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
-            .with(filter)
-            .init();
+    pub fn init_logging(&self) {
+        self.log_format
+            .init_logging(tracing::level_filters::LevelFilter::INFO);
     }
 
     /// The most worker threads a plugin starts without `--max-worker-threads`.
@@ -267,6 +321,75 @@ impl PluginArgs {
     }
 }
 
+/// The format a `LOG_FORMAT` value names (case-insensitive, like the flag), and a line saying
+/// why an unknown one is ignored.
+fn log_format_from(value: Option<&std::ffi::OsStr>) -> (LogFormat, Option<String>) {
+    let Some(value) = value else {
+        return (LogFormat::Text, None);
+    };
+    let value = value.to_string_lossy();
+    match <LogFormat as clap::ValueEnum>::from_str(value.trim(), true) {
+        Ok(format) => (format, None),
+        Err(_) => (
+            LogFormat::Text,
+            Some(format!(
+                "ignoring LOG_FORMAT={value:?} (expected text or json); logging as text"
+            )),
+        ),
+    }
+}
+
+/// The `RUST_LOG` directives as a filter, `default_level` for an empty value; an unparsable
+/// value gives the default and a line saying so.
+fn log_filter(
+    rust_log: &str,
+    default_level: tracing::level_filters::LevelFilter,
+) -> (tracing_subscriber::filter::Targets, Option<String>) {
+    use tracing_subscriber::filter::Targets;
+    if rust_log.trim().is_empty() {
+        return (Targets::new().with_default(default_level), None);
+    }
+    match rust_log.parse::<Targets>() {
+        Ok(filter) => (filter, None),
+        Err(error) => (
+            Targets::new().with_default(default_level),
+            Some(format!(
+                "ignoring RUST_LOG={rust_log:?} ({error}); logging at {default_level}"
+            )),
+        ),
+    }
+}
+
+/// Colour only on a terminal, and not when `NO_COLOR` is set to anything but the empty
+/// string.
+fn use_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
+/// The formatting layer for `format`, writing to `writer`.
+fn log_layer<S, W>(
+    format: LogFormat,
+    colour: bool,
+    writer: W,
+) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    use tracing_subscriber::Layer as _;
+    let layer = tracing_subscriber::fmt::layer().with_writer(writer);
+    match format {
+        LogFormat::Text => layer.with_ansi(colour).boxed(),
+        LogFormat::Json => layer
+            .json()
+            .with_ansi(false)
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .boxed(),
+    }
+}
+
 fn parse_endpoint(value: &str) -> Result<Option<SocketAddr>, String> {
     let value = value.trim();
     if value.is_empty() {
@@ -314,6 +437,139 @@ mod tests {
 
     fn parse(args: &[&str]) -> PluginArgs {
         <Cli as clap::Parser>::parse_from([&["plugin", "--node-name", "n"], args].concat()).plugin
+    }
+
+    #[test]
+    fn log_format_is_text_by_default_and_json_on_request() {
+        assert_eq!(parse(&[]).log_format, LogFormat::Text);
+        assert_eq!(parse(&["--log-format", "json"]).log_format, LogFormat::Json);
+        assert_eq!(parse(&["--log-format=text"]).log_format, LogFormat::Text);
+        let error = <Cli as clap::Parser>::try_parse_from([
+            "plugin",
+            "--node-name",
+            "n",
+            "--log-format",
+            "xml",
+        ])
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(error.contains("--log-format"), "{error}");
+        assert!(error.contains("json"), "the choices are listed: {error}");
+    }
+
+    #[test]
+    fn log_format_env_values_parse_and_unknown_ones_fall_back_to_text() {
+        use std::ffi::OsStr;
+        assert_eq!(log_format_from(None), (LogFormat::Text, None));
+        assert_eq!(log_format_from(Some(OsStr::new("json"))).0, LogFormat::Json);
+        assert_eq!(
+            log_format_from(Some(OsStr::new(" JSON "))).0,
+            LogFormat::Json
+        );
+        let (format, problem) = log_format_from(Some(OsStr::new("yaml")));
+        assert_eq!(format, LogFormat::Text);
+        assert!(problem.unwrap().contains("LOG_FORMAT=\"yaml\""));
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(use_colour(true, None));
+        assert!(
+            !use_colour(false, None),
+            "a pipe or file gets no escape codes"
+        );
+        assert!(!use_colour(true, Some(OsStr::new("1"))));
+        // no-color.org: an empty NO_COLOR does not count.
+        assert!(use_colour(true, Some(OsStr::new(""))));
+    }
+
+    #[test]
+    fn rust_log_directives_or_the_default_level() {
+        use tracing::level_filters::LevelFilter;
+        let (filter, problem) = log_filter("", LevelFilter::WARN);
+        assert!(problem.is_none());
+        assert_eq!(filter.default_level(), Some(LevelFilter::WARN));
+        let (filter, problem) = log_filter("debug,h2=off", LevelFilter::WARN);
+        assert!(problem.is_none());
+        assert!(filter.would_enable("dra_sdk::plugin", &tracing::Level::DEBUG));
+        assert!(!filter.would_enable("h2::codec", &tracing::Level::ERROR));
+        let (filter, problem) = log_filter("dra_sdk=loud", LevelFilter::INFO);
+        assert_eq!(filter.default_level(), Some(LevelFilter::INFO));
+        assert!(problem.unwrap().contains("RUST_LOG=\"dra_sdk=loud\""));
+    }
+
+    /// A writer into a shared buffer, to read what a layer wrote.
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl<'w> tracing_subscriber::fmt::MakeWriter<'w> for Buffer {
+        type Writer = Buffer;
+        fn make_writer(&'w self) -> Buffer {
+            self.clone()
+        }
+    }
+
+    /// Logs one warning inside a claim span shaped like the plugin's, with `format`.
+    fn log_in_claim_span(format: LogFormat, colour: bool) -> String {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let buffer = Buffer::default();
+        let subscriber =
+            tracing_subscriber::registry().with(log_layer(format, colour, buffer.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let _plugin = tracing::info_span!("plugin", driver = "gpu.example.com").entered();
+            let _claim = tracing::info_span!(
+                "claim",
+                operation = "prepare",
+                claim.uid = "uid-1",
+                claim.name = "gpu"
+            )
+            .entered();
+            tracing::warn!(device = "gpu-0", "prepare failed");
+        });
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    #[test]
+    fn json_lines_carry_timestamp_level_target_message_and_span_fields() {
+        let output = log_in_claim_span(LogFormat::Json, true);
+        assert!(!output.contains('\x1b'), "{output}");
+        let lines: Vec<&str> = output.lines().collect();
+        assert_eq!(lines.len(), 1, "{output}");
+        let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert!(line["timestamp"].is_string(), "{line}");
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["target"], "dra_sdk::cli::tests");
+        assert_eq!(line["message"], "prepare failed");
+        assert_eq!(line["device"], "gpu-0");
+        assert_eq!(line["span"]["claim.uid"], "uid-1");
+        assert_eq!(line["spans"][0]["driver"], "gpu.example.com");
+        assert_eq!(line["spans"][1]["operation"], "prepare");
+    }
+
+    #[test]
+    fn text_lines_are_plain_unless_coloured_and_name_the_span_fields() {
+        let plain = log_in_claim_span(LogFormat::Text, false);
+        assert!(!plain.contains('\x1b'), "{plain}");
+        assert!(plain.contains("claim.uid=\"uid-1\""), "{plain}");
+        assert!(plain.contains("prepare failed"), "{plain}");
+        let coloured = log_in_claim_span(LogFormat::Text, true);
+        assert!(
+            coloured.contains('\x1b'),
+            "a terminal still gets colour: {coloured}"
+        );
     }
 
     #[test]

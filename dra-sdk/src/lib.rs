@@ -58,6 +58,8 @@
 //! - [`device_status`]: per-device status in ResourceClaims (KEP-4817), by server-side apply;
 //! - [`k8s`]: Kubernetes quantities, name rules and semantic versions, parsed once;
 //! - [`cli`]: the standard kubelet-plugin flags (feature `cli`);
+//! - `webhook`: an admission webhook that refuses bad opaque configs at `kubectl apply`
+//!   (feature `webhook`);
 //! - [`advanced`]: what a driver reaches only through the plugin, for tools and tests that
 //!   drive it directly: the checkpoint, the CDI spec writer, the slice publisher, claim
 //!   reading, device metadata files, API rate limits, the gRPC bindings and socket helpers.
@@ -80,6 +82,9 @@ pub mod k8s;
 mod metrics;
 pub mod plugin;
 pub mod slices;
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+pub mod webhook;
 
 pub mod advanced;
 // The generated bindings live in `advanced`; the crate's own code names them `crate::proto`.

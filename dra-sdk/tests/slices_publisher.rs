@@ -13,8 +13,8 @@ use dra_sdk::advanced::slices::{
     FeatureGate, PublisherHandle, ResourceApiVersion, ResourceSlicePublisher,
 };
 use dra_sdk::slices::{
-    CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, Pool, PoolNodeSelection,
-    TaintEffect,
+    CounterSet, Device, DeviceCapacity, DeviceTaint, DriverResources, NodeAllocatableResource,
+    Pool, PoolNodeSelection, TaintEffect,
 };
 use dra_sdk_testing::apiserver::{FakeApiServer, Fault, ResourceType, Verb};
 use dra_sdk_testing::assert_contains;
@@ -855,5 +855,209 @@ async fn list_attributes_refused_without_their_gate_are_reported_and_left_out() 
     let errors = errors.lock().unwrap().clone();
     assert_eq!(errors.len(), 1, "reported once: {errors:?}");
     assert!(errors[0].contains("DRAListTypeAttributes"), "{errors:?}");
+    handle.stop().await;
+}
+
+/// The 1.37 device model: a GPU's MIG partitions and its full profile on one counter set,
+/// told apart by `partitionTypeAttribute` and kept apart by compatibility groups, and a
+/// CPU driver's core complex with node-allocatable resources.
+fn device_model_1_37() -> DriverResources {
+    let part = |name: &str, profile: &str, memory: &str, group: &str| {
+        Device::new(name)
+            .attribute("gpu.example.com/profile", profile)
+            .consumes_in_groups("gpu-0", [("memory", memory)], [group])
+    };
+    let pool = Pool::new([
+        part("gpu-0", "7g.80gb", "80Gi", "full"),
+        part("gpu-0-1g-0", "1g.10gb", "10Gi", "mig"),
+        part("gpu-0-1g-1", "1g.10gb", "10Gi", "mig"),
+        Device::new("ccx-0")
+            .capacity("cores", DeviceCapacity::new("8"))
+            .node_allocatable("cpu", NodeAllocatableResource::per_capacity("cores", "2"))
+            .node_allocatable(
+                "memory",
+                NodeAllocatableResource::overhead_only().per_pod("64Mi"),
+            ),
+        Device::new("nic-0").node_allocatable(
+            "memory",
+            NodeAllocatableResource::overhead_only().per_pod("1Gi"),
+        ),
+    ])
+    .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+    .partition_type_attribute("gpu.example.com/profile");
+    DriverResources::new().with_pool(NODE, pool)
+}
+
+async fn env_1_37() -> Env {
+    env_with(FakeApiServer::builder().git_version("v1.37.0")).await
+}
+
+#[tokio::test]
+async fn device_model_1_37_is_published_and_read_back() {
+    let env = env_1_37().await;
+    let publisher = env.publisher().skip_node_operations();
+    let errors = problems(&publisher);
+    let handle = publisher.spawn(device_model_1_37());
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_consistent_pool(&slices, NODE);
+    // 1.35+: the counter set in a slice of its own, without the device-only fields.
+    let (counters, devices): (Vec<&ResourceSlice>, Vec<&ResourceSlice>) = slices
+        .iter()
+        .partition(|s| s.spec.shared_counters.is_some());
+    assert_eq!((counters.len(), devices.len()), (1, 1));
+    assert_eq!(counters[0].spec.partition_type_attribute, None);
+    assert_eq!(counters[0].spec.skip_node_operations, None);
+    let spec = serde_json::to_value(&devices[0].spec).unwrap();
+    assert_eq!(spec["partitionTypeAttribute"], "gpu.example.com/profile");
+    assert_eq!(
+        spec["skipNodeOperations"],
+        json!(["NodePrepareResources", "NodeUnprepareResources"])
+    );
+    let device = |name: &str| {
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(
+        device("gpu-0-1g-1")["consumesCounters"][0]["compatibilityGroups"],
+        json!(["mig"])
+    );
+    assert_eq!(
+        device("ccx-0")["nodeAllocatableResources"],
+        json!({
+            "cpu": {"mapping": {"capacityKey": "cores", "capacityMultiplier": "2"}},
+            "memory": {"overhead": {"perPod": "64Mi"}},
+        })
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(env.slice_writes(), (2, 0, 0), "no rewrite loop");
+    assert!(
+        errors.lock().unwrap().is_empty(),
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn dropped_1_37_fields_are_reported_and_unsafe_devices_withheld() {
+    let env = env_1_37().await;
+    for gate in [
+        "DRAPartitionableDevicesType",
+        "DRADeviceCompatibilityGroups",
+        "DRANodeAllocatableResources",
+        "DRAOptionalNodeOperations",
+    ] {
+        assert!(env.server.disable_feature_gate(gate), "{gate}");
+    }
+    let publisher = env.publisher().skip_node_operations();
+    let errors = problems(&publisher);
+    let mut events = publisher.subscribe();
+    let handle = publisher.spawn(device_model_1_37());
+    let event = next_event(
+        &mut events,
+        |e| matches!(e, PublishEvent::DroppedFields { features, .. } if features.len() == 4),
+    )
+    .await;
+    let PublishEvent::DroppedFields { features, .. } = event else {
+        unreachable!()
+    };
+    assert_eq!(
+        features,
+        BTreeSet::from([
+            FeatureGate::PartitionableDevicesType,
+            FeatureGate::DeviceCompatibilityGroups,
+            FeatureGate::NodeAllocatableResources,
+            FeatureGate::OptionalNodeOperations,
+        ])
+    );
+    // Grouped partitions and the CPU device (its mapping would double-book node CPUs) are
+    // withheld; the NIC's memory overhead alone is dropped and the NIC stays published.
+    eventually("the unsafe devices to be withheld", || {
+        let slices = env.slices();
+        let names: Vec<String> = slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.clone()))
+            .collect();
+        names == ["nic-0"]
+    })
+    .await;
+    synced(&handle).await;
+    let writes = env.slice_writes();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(env.slice_writes(), writes, "no rewrite loop");
+    let slices = env.slices();
+    assert!(slices.iter().all(
+        |s| s.spec.partition_type_attribute.is_none() && s.spec.skip_node_operations.is_none()
+    ));
+    let errors = errors.lock().unwrap().clone();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("DRADeviceCompatibilityGroups")),
+        "{errors:?}"
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn a_dropped_skip_node_operations_is_reported_and_harmless() {
+    let env = env_1_37().await;
+    assert!(env.server.disable_feature_gate("DRAOptionalNodeOperations"));
+    let publisher = env.publisher().skip_node_operations();
+    let mut events = publisher.subscribe();
+    let handle = publisher.spawn(pool_of(gpus(3)));
+    let event = next_event(&mut events, |e| {
+        matches!(e, PublishEvent::DroppedFields { .. })
+    })
+    .await;
+    let PublishEvent::DroppedFields { features, .. } = event else {
+        unreachable!()
+    };
+    assert_eq!(
+        features,
+        BTreeSet::from([FeatureGate::OptionalNodeOperations])
+    );
+    synced(&handle).await;
+    assert_eq!(assert_consistent_pool(&env.slices(), NODE).len(), 3);
+    assert_eq!(
+        env.slice_writes(),
+        (1, 0, 0),
+        "published once, not rewritten"
+    );
+    handle.stop().await;
+}
+
+#[tokio::test]
+async fn a_1_36_server_gets_no_skip_node_operations_and_refuses_the_rest_by_name() {
+    // The fake's default release is 1.36, which drops the 1.37 fields as unknown.
+    let env = env().await;
+    let publisher = env.publisher().skip_node_operations();
+    let errors = problems(&publisher);
+    let handle = publisher.spawn(pool_of(gpus(2)).with_pool(
+        "cpus",
+        Pool::new([
+            Device::new("ccx-0").node_allocatable("cpu", NodeAllocatableResource::per_device("8")),
+        ]),
+    ));
+    synced(&handle).await;
+    let slices = env.slices();
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0].spec.skip_node_operations, None);
+    eventually("the 1.37-only pool to be refused", || {
+        !errors.lock().unwrap().is_empty()
+    })
+    .await;
+    let errors = errors.lock().unwrap().clone();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_contains(
+        &errors[0],
+        r#"pool "cpus", device "ccx-0", nodeAllocatableResources: needs Kubernetes 1.37 or newer; the server runs 1.36"#,
+    );
     handle.stop().await;
 }

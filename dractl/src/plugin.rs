@@ -16,12 +16,13 @@ use serde_json::json;
 
 use super::{ApiVersion, ClaimArgs, Output, Status, print_json};
 
-const RELEASES: [(KubeletVersion, &str); 5] = [
+const RELEASES: [(KubeletVersion, &str); 6] = [
     (KubeletVersion::V1_32, "1.32"),
     (KubeletVersion::V1_33, "1.33"),
     (KubeletVersion::V1_34, "1.34"),
     (KubeletVersion::V1_35, "1.35"),
     (KubeletVersion::V1_36, "1.36"),
+    (KubeletVersion::V1_37, "1.37"),
 ];
 
 fn api_name(api: DraApi) -> &'static str {
@@ -47,7 +48,7 @@ pub(crate) async fn info(socket: &Path, output: Output) -> anyhow::Result<Status
     let health = info
         .supported_versions
         .iter()
-        .any(|v| v == "v1alpha1.DRAResourceHealth");
+        .any(|v| v == "v1.DRAResourceHealth" || v == "v1alpha1.DRAResourceHealth");
     // Kubelets before 1.34 are out of support soon; a plugin they reject still works.
     let usable = choices.iter().skip(2).all(|(_, choice)| choice.is_ok());
 
@@ -308,13 +309,14 @@ pub(crate) async fn health(
     timeout: Option<f64>,
     output: Output,
 ) -> anyhow::Result<Status> {
-    let plugin = KubeletSimulator::new(KubeletVersion::V1_36)
+    // A 1.37 kubelet: it opens v1 when the plugin lists it, else v1alpha1.
+    let plugin = KubeletSimulator::new(KubeletVersion::V1_37)
         .register(socket)
         .await
         .with_context(|| format!("registering with {}", socket.display()))?;
     if !plugin.health_advertised {
         println!(
-            "{} does not advertise the health service (v1alpha1.DRAResourceHealth)",
+            "{} does not advertise a health service (v1.DRAResourceHealth or v1alpha1.DRAResourceHealth)",
             plugin.info.name
         );
         return Ok(Status::Failed);

@@ -302,7 +302,7 @@ async fn health_of_a_plugin_without_it_exits_1() {
     let run = dractl(&["health", &s.socket_arg()]).await;
     assert_eq!(run.code, 1, "{run}");
     assert!(
-        run.stdout.contains("does not advertise the health service"),
+        run.stdout.contains("does not advertise a health service"),
         "{run}"
     );
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks what each demo's containers printed against what its README says to expect: the
-# GPU_DEVICE_* variables the driver gave them. Checks the demos named as arguments (every demo
+# GPU_DEVICE_* variables the driver gave them (bad-config-denied: that the API server refuses
+# its claim). Checks the demos named as arguments (every demo
 # by default, in the order of DEMOS in common.sh); exits non-zero naming every demo that
 # differs. run-demos.sh runs it for each demo right after the demo's pods run.
 set -euo pipefail
@@ -89,6 +90,26 @@ two_gpus_of_one_nvlink_pair() {
   [[ $(count "$indices") -eq 2 ]] && ((first % 2 == 0 && second == first + 1))
 }
 
+# The claim of bad-config-denied misspells this field of its GpuConfig.
+MISSPELLED_FIELD=timeSliceConfig
+# denied_at_apply: `kubectl apply` of bad-config-denied fails with the webhook's denial naming
+# the misspelled field, and no claim was stored. With failurePolicy Ignore a webhook that does
+# not answer lets the claim in: that is reported (and the claim deleted, so a rerun checks
+# again), not passed.
+denied_at_apply() {
+  local out claims
+  if out=$(kubectl_ apply -f "$KIND_DIR/demos/bad-config-denied/demo.yaml" 2>&1); then
+    echo "the claim with the misspelled $MISSPELLED_FIELD was admitted: is the webhook running?" >&2
+    echo "  kubectl -n $DRIVER_NAMESPACE get deployments,pods -l app.kubernetes.io/component=webhook" >&2
+    kubectl_ delete -f "$KIND_DIR/demos/bad-config-denied/demo.yaml" --ignore-not-found >/dev/null 2>&1 || true
+    return 1
+  fi
+  printf '%s\n' "$out"
+  [[ $out == *"denied the request"* && $out == *"$MISSPELLED_FIELD"* ]] || return 1
+  claims=$(kubectl_ get resourceclaims -n bad-config-denied -o name)
+  [[ -z $claims ]]
+}
+
 # check <demo>: the demo's expectations, as its README states them.
 check() {
   case $1 in
@@ -109,6 +130,9 @@ check() {
         printed opaque-configs pod ts-ctr '^GPU_DEVICE_[0-9]+_TIMESLICE_INTERVAL=Long$'
       expect opaque-configs "sp-ctr: space-partitioning into 4" \
         printed opaque-configs pod sp-ctr '^GPU_DEVICE_[0-9]+_PARTITION_COUNT=4$' ;;
+    bad-config-denied)
+      expect bad-config-denied "kubectl apply is denied, naming $MISSPELLED_FIELD; no claim stored" \
+        denied_at_apply ;;
     prioritized-list)
       expect prioritized-list "one GPU, from the fallback alternative gpu/any" fallback_chosen ;;
     admin-access)

@@ -71,5 +71,18 @@ kubectl_() {
 # gpus-on-one-nvlink-group comes last: the free GPUs are then 10, 12 and 13, so only its
 # constraint gets it the NVLink pair 12 and 13 rather than 10 and 12.
 DEMOS=(admin-access two-pods-one-gpu-each containers-share-a-gpu pods-share-a-claim cel-selector
-  opaque-configs prioritized-list partitionable-devices consumable-capacity
+  opaque-configs bad-config-denied prioritized-list partitionable-devices consumable-capacity
   gpus-on-one-nvlink-group)
+# The demos whose manifest the API server must refuse (the driver's admission webhook denies
+# them): run-demos.sh runs no pods for them; check-demos.sh applies them and expects the
+# denial.
+DENIED_DEMOS=(bad-config-denied)
+
+# denied <demo>: whether the demo is one of DENIED_DEMOS.
+denied() {
+  local demo
+  for demo in "${DENIED_DEMOS[@]}"; do
+    [[ $demo == "$1" ]] && return 0
+  done
+  return 1
+}

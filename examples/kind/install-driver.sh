@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs (or upgrades) the mock GPU driver's Helm chart with the image build-image.sh
-# loaded and the demos' settings (driver-values.yaml), and waits until every node the plugin's
-# DaemonSet runs on publishes its GPUs. That is the worker only: the chart has no toleration
+# loaded and the demos' settings (driver-values.yaml), waits for the admission webhook's
+# Deployment, and waits until every node the plugin's DaemonSet runs on publishes its GPUs. That is the worker only: the chart has no toleration
 # for the control plane's NoSchedule taint, so waiting for every node would never end.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
@@ -17,6 +17,19 @@ say "helm upgrade --install $RELEASE_NAME into namespace $DRIVER_NAMESPACE"
   --set image.tag="$IMAGE_TAG" \
   --set image.pullPolicy=Never \
   --wait --timeout 180s
+
+# The admission webhook (driver-values.yaml enables it): its Deployment must be ready before a
+# demo is applied, or its failurePolicy (Ignore) would let bad-config-denied's claim in.
+webhooks=$(kubectl_ -n "$DRIVER_NAMESPACE" get deployments \
+  -l app.kubernetes.io/instance="$RELEASE_NAME",app.kubernetes.io/component=webhook -o name)
+for webhook in $webhooks; do
+  say "waiting for the admission webhook ($webhook)"
+  if ! kubectl_ -n "$DRIVER_NAMESPACE" rollout status "$webhook" --timeout 120s; then
+    echo "the admission webhook $webhook is not ready; its pods say why:" >&2
+    kubectl_ -n "$DRIVER_NAMESPACE" logs -l app.kubernetes.io/component=webhook --tail 30 >&2 || true
+    exit 1
+  fi
+done
 
 # The nodes the DaemonSet runs its plugin on (its status, written by the DaemonSet controller).
 desired=$(kubectl_ -n "$DRIVER_NAMESPACE" get daemonsets \

@@ -4,7 +4,8 @@
 # check-demos.sh before the next one starts, so each check sees the GPUs as its README
 # describes them (admin-access, first, sees all 14; the demos after it hold a GPU or two each).
 # Stops at the first demo that differs. Applying again changes nothing; a demo's namespace
-# holds all of its objects.
+# holds all of its objects. A demo of DENIED_DEMOS (bad-config-denied) has no pods: its check
+# applies it and expects the API server to refuse it.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "$0")/common.sh"
@@ -20,6 +21,11 @@ for demo in "${demos[@]}"; do
 done
 for demo in "${demos[@]}"; do
   say "demo $demo"
+  if denied "$demo"; then
+    # No pods: the check applies the manifest and expects the webhook's denial.
+    "$KIND_DIR/check-demos.sh" "$demo"
+    continue
+  fi
   kubectl_ apply -f "$KIND_DIR/demos/$demo/demo.yaml"
   if ! kubectl_ wait --for=condition=Ready pod --all -n "$demo" --timeout 120s; then
     echo "the pods of demo $demo do not run; kubectl describe pods -n $demo says why" >&2

@@ -221,6 +221,7 @@ pub(crate) fn explain_requests(
         programs: HashMap::new(),
         contexts: HashMap::new(),
         matches: HashMap::new(),
+        derived: HashMap::new(),
     };
     let problem = Problem {
         allocator,
@@ -474,9 +475,29 @@ impl Search<'_> {
                     total: total.to_string(),
                 };
             }
+            Err(Unavailable::Groups(conflict)) => {
+                let conflict = *conflict;
+                let (allocated_groups, allocated_without_groups) = match conflict.placed {
+                    Intersection::Groups(common) => (common.into_iter().collect(), false),
+                    Intersection::NoGroups => (Vec::new(), true),
+                    Intersection::Unplaced => (Vec::new(), false),
+                };
+                return Verdict::CompatibilityGroupConflict {
+                    holders: counter_holders(pool, &conflict.set, holders),
+                    counter_set: conflict.set,
+                    groups: conflict.groups.into_iter().collect(),
+                    allocated_groups,
+                    allocated_without_groups,
+                };
+            }
         }
         for (index, constraint) in constraints {
+            // A derived attribute of the request stands in for the device's attribute.
             if constraint.applies(wanted.base, &wanted.name)
+                && !wanted
+                    .derived
+                    .iter()
+                    .any(|d| d.name == constraint.attribute)
                 && !device.attributes.contains_key(&constraint.attribute)
             {
                 return Verdict::ConstraintAttributeMissing {

@@ -325,14 +325,33 @@ impl FakeApiServerBuilder {
                 warn!(%error, "fake API server stopped with an error");
             }
         });
-        Ok(FakeApiServer {
+        let server = FakeApiServer {
             inner: Arc::new(Inner {
                 shared,
                 task: Mutex::new(Some(task)),
             }),
-        })
+        };
+        // A release before 1.37 does not know the 1.37 ResourceSlice fields: its decoder
+        // drops them as unknown fields, which is what the disabled gates' hooks do.
+        let release = dra_sdk::advanced::slices::KubernetesVersion::parse_git_version(
+            &server.shared().git_version,
+        );
+        if release.is_some_and(|r| r < dra_sdk::advanced::slices::KubernetesVersion::new(1, 37)) {
+            for gate in GATES_1_37 {
+                server.disable_feature_gate(gate);
+            }
+        }
+        Ok(server)
     }
 }
+
+/// The `resource.k8s.io` feature gates of the ResourceSlice fields new in 1.37.
+const GATES_1_37: [&str; 4] = [
+    "DRAPartitionableDevicesType",
+    "DRADeviceCompatibilityGroups",
+    "DRANodeAllocatableResources",
+    "DRAOptionalNodeOperations",
+];
 
 struct Inner {
     shared: Arc<Shared>,
@@ -502,6 +521,59 @@ impl FakeApiServer {
         });
     }
 
+    /// Emulates a server with the `resource.k8s.io` feature gate `gate` disabled: drops its
+    /// ResourceSlice fields on every write (see [`drop_fields`](Self::drop_fields)), as the
+    /// real server's strategy does for a new object. Returns `false` (and changes nothing)
+    /// for a gate this fake does not know.
+    ///
+    /// Known: `DRADeviceTaints`, `DRAPartitionableDevices`, `DRADeviceBindingConditions`,
+    /// `DRAConsumableCapacity`, and the 1.37 gates `DRAPartitionableDevicesType`
+    /// (`partitionTypeAttribute`), `DRADeviceCompatibilityGroups` (`compatibilityGroups`),
+    /// `DRANodeAllocatableResources` (`nodeAllocatableResources`) and
+    /// `DRAOptionalNodeOperations` (`skipNodeOperations`). A fake started with a
+    /// [`git_version`](FakeApiServerBuilder::git_version) before 1.37 (the default is 1.36)
+    /// starts with those four disabled, as such a server drops the fields as unknown.
+    /// `DRAListTypeAttributes` is not here: a real server refuses the attribute a dropped
+    /// list value leaves empty, which [`drop_fields`](Self::drop_fields) plus this fake's
+    /// validation already reproduce.
+    ///
+    /// ```no_run
+    /// # fn demo(server: &dra_sdk_testing::apiserver::FakeApiServer) {
+    /// assert!(server.disable_feature_gate("DRADeviceCompatibilityGroups"));
+    /// # }
+    /// ```
+    pub fn disable_feature_gate(&self, gate: &str) -> bool {
+        let paths: &[&str] = match gate {
+            "DRADeviceTaints" => &["spec.devices[].taints"],
+            "DRAPartitionableDevices" => &[
+                "spec.sharedCounters",
+                "spec.perDeviceNodeSelection",
+                "spec.devices[].consumesCounters",
+                "spec.devices[].nodeName",
+                "spec.devices[].nodeSelector",
+                "spec.devices[].allNodes",
+            ],
+            "DRADeviceBindingConditions" => &[
+                "spec.devices[].bindsToNode",
+                "spec.devices[].bindingConditions",
+                "spec.devices[].bindingFailureConditions",
+            ],
+            "DRAConsumableCapacity" => &[
+                "spec.devices[].allowMultipleAllocations",
+                "spec.devices[].capacity.*.requestPolicy",
+            ],
+            "DRAPartitionableDevicesType" => &["spec.partitionTypeAttribute"],
+            "DRADeviceCompatibilityGroups" => {
+                &["spec.devices[].consumesCounters[].compatibilityGroups"]
+            }
+            "DRANodeAllocatableResources" => &["spec.devices[].nodeAllocatableResources"],
+            "DRAOptionalNodeOperations" => &["spec.skipNodeOperations"],
+            _ => return false,
+        };
+        self.drop_fields("resourceslices", paths);
+        true
+    }
+
     /// Registers a hook that may rewrite every object of `resource` (plural) written from now on,
     /// before validation and storage. It sees the object without `apiVersion` and `kind`.
     /// Hooks run while the store is locked: they must not call back into the server.
@@ -509,7 +581,9 @@ impl FakeApiServer {
         lock(&self.shared().hooks).push((resource.to_string(), Arc::new(hook)));
     }
 
-    /// Removes all write hooks, including [`drop_fields`](Self::drop_fields) ones.
+    /// Removes all write hooks, including [`drop_fields`](Self::drop_fields) and
+    /// [`disable_feature_gate`](Self::disable_feature_gate) ones (also those a pre-1.37 fake
+    /// starts with).
     pub fn clear_write_hooks(&self) {
         lock(&self.shared().hooks).clear();
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::object::{FieldError, lookup};
 use dra_sdk::advanced::slices::{KubernetesVersion, SliceLimits};
-use dra_sdk::k8s::{NameRule, Semver};
+use dra_sdk::k8s::{NameRule, QuantityValue, Semver};
 
 /// How a kind treats its `status` stanza.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,10 +121,40 @@ impl ResourceType {
         .in_namespaces()
         .short_names(&["deploy"])
         .status_subresource(true);
+    /// `events.k8s.io/v1` Events: namespaced, no generation, the strict validation the real
+    /// server applies to Events written through this API (required event time, reporting
+    /// controller and instance, action, reason; length limits; a series of at least 2) and
+    /// its immutable fields. Unlike a real server, core `v1` Events are a separate store, not
+    /// the same objects seen through another API.
+    pub const EVENTS: Self = Self::new("events.k8s.io", "v1", "events", "Event")
+        .in_namespaces()
+        .short_names(&["ev"])
+        .without_generation()
+        .field_labels(&[
+            "regarding.kind",
+            "regarding.name",
+            "regarding.namespace",
+            "regarding.uid",
+            "reason",
+            "type",
+            "reportingController",
+        ])
+        .immutable(&[
+            "eventTime",
+            "action",
+            "reason",
+            "note",
+            "type",
+            "regarding",
+            "related",
+            "reportingController",
+            "reportingInstance",
+        ])
+        .validator(validate_event);
 
     /// The kinds served by default: ResourceClaims, ResourceClaimTemplates, ResourceSlices,
-    /// DeviceClasses (all `resource.k8s.io/v1`), core Nodes, Pods and Namespaces, and `apps/v1`
-    /// Deployments.
+    /// DeviceClasses (all `resource.k8s.io/v1`), core Nodes, Pods and Namespaces, `apps/v1`
+    /// Deployments and `events.k8s.io/v1` Events.
     pub fn defaults() -> Vec<Self> {
         vec![
             Self::RESOURCE_CLAIMS,
@@ -135,6 +165,7 @@ impl ResourceType {
             Self::PODS,
             Self::NAMESPACES,
             Self::DEPLOYMENTS,
+            Self::EVENTS,
         ]
     }
 
@@ -444,6 +475,8 @@ fn validate_resource_slice(obj: &Value) -> Vec<FieldError> {
         }
     }
     validate_shared_counters(obj, &limits, &mut errors);
+    validate_partition_type_attribute(obj, &mut errors);
+    validate_skip_node_operations(obj, &mut errors);
     if lookup(obj, "spec.sharedCounters")
         .and_then(Value::as_array)
         .is_some_and(|c| !c.is_empty())
@@ -669,7 +702,9 @@ fn validate_device(
             counters,
             limits.max_counters_per_consumption,
         ));
+        validate_compatibility_groups(&field, consumption, errors);
     }
+    validate_node_allocatable_resources(path, device, errors);
 
     let selections = ["nodeName", "nodeSelector", "allNodes"]
         .iter()
@@ -696,6 +731,238 @@ fn validate_device(
             &Value::Null,
             "`nodeName`, `nodeSelector` and `allNodes` can only be set if `perDeviceNodeSelection` is set to true in the ResourceSlice spec",
         )),
+    }
+}
+
+/// `spec.partitionTypeAttribute` (1.37, `DRAPartitionableDevicesType`), as kube-apiserver 1.37
+/// checks it: a fully qualified name, only on a slice with devices that consume counters, and
+/// each of those devices carries the attribute (by that name, or bare when the name is in the
+/// driver's domain) as a string.
+fn validate_partition_type_attribute(obj: &Value, errors: &mut Vec<FieldError>) {
+    const FIELD: &str = "spec.partitionTypeAttribute";
+    let Some(name) = lookup(obj, FIELD).and_then(Value::as_str) else {
+        return;
+    };
+    let devices: Vec<Value> = array(obj, "spec.devices")
+        .iter()
+        .map(without_basic)
+        .collect();
+    let consumers: Vec<(usize, &Value)> = devices
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !array(d, "consumesCounters").is_empty())
+        .collect();
+    if consumers.is_empty() {
+        errors.push(FieldError::invalid(
+            FIELD,
+            &Value::from(name),
+            "may only be set on a slice which declares devices that consume counters",
+        ));
+        return;
+    }
+    let qualified = NameRule::QualifiedName.check(name);
+    if let Err(reason) = qualified.and_then(|()| {
+        if name.contains('/') {
+            Ok(())
+        } else {
+            Err("a fully qualified name must be a domain and a name separated by a slash")
+        }
+    }) {
+        errors.push(FieldError::invalid(FIELD, &Value::from(name), reason));
+        return;
+    }
+    let driver = lookup(obj, "spec.driver")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let bare = name
+        .strip_prefix(driver)
+        .and_then(|rest| rest.strip_prefix('/'));
+    for (index, device) in consumers {
+        let field = format!("spec.devices[{index}].attributes[{name}]");
+        let attribute = device
+            .get("attributes")
+            .and_then(|a| a.get(name).or_else(|| bare.and_then(|bare| a.get(bare))));
+        match attribute {
+            None => errors.push(FieldError {
+                field,
+                reason: "FieldValueRequired",
+                message: "Required value: device consumes counters and `partitionTypeAttribute` names this attribute, so it must be set".into(),
+            }),
+            Some(attribute) if attribute.get("string").is_none_or(|v| !v.is_string()) => {
+                errors.push(FieldError::invalid(
+                    &field,
+                    attribute,
+                    "must be a string value because `partitionTypeAttribute` names this attribute",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// `spec.skipNodeOperations` (1.37, `DRAOptionalNodeOperations`): a set of
+/// `NodePrepareResources`, `NodeUnprepareResources` and `*`; `NodePrepareResources` only with
+/// `NodeUnprepareResources` or `*`.
+fn validate_skip_node_operations(obj: &Value, errors: &mut Vec<FieldError>) {
+    const FIELD: &str = "spec.skipNodeOperations";
+    const KNOWN: [&str; 3] = ["NodePrepareResources", "NodeUnprepareResources", "*"];
+    let operations = array(obj, FIELD);
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, operation) in operations.iter().enumerate() {
+        let field = format!("{FIELD}[{i}]");
+        match operation.as_str() {
+            Some(op) if KNOWN.contains(&op) => {
+                if !seen.insert(op) {
+                    errors.push(duplicate(&field, op));
+                }
+            }
+            _ => errors.push(FieldError {
+                field,
+                reason: "FieldValueNotSupported",
+                message: format!(
+                    "Unsupported value: {operation}: supported values: \"*\", \"NodePrepareResources\", \"NodeUnprepareResources\""
+                ),
+            }),
+        }
+    }
+    if seen.contains("NodePrepareResources")
+        && !seen.contains("NodeUnprepareResources")
+        && !seen.contains("*")
+    {
+        errors.push(FieldError::invalid(
+            FIELD,
+            lookup(obj, FIELD).unwrap_or(&Value::Null),
+            "NodePrepareResources cannot be skipped unless NodeUnprepareResources is also skipped",
+        ));
+    }
+}
+
+/// `compatibilityGroups` of one counter consumption (1.37, `DRADeviceCompatibilityGroups`):
+/// at most 2, unique, DNS labels.
+fn validate_compatibility_groups(field: &str, consumption: &Value, errors: &mut Vec<FieldError>) {
+    let field = format!("{field}.compatibilityGroups");
+    let groups = array(consumption, "compatibilityGroups");
+    if let Some(error) = too_many(&field, groups.len(), 2) {
+        errors.push(error);
+        return;
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, group) in groups.iter().enumerate() {
+        let item = format!("{field}[{i}]");
+        let text = group.as_str().unwrap_or_default();
+        if let Err(reason) = NameRule::DnsLabel.check(text) {
+            errors.push(FieldError::invalid(&item, group, reason));
+        }
+        if !seen.insert(text) {
+            errors.push(duplicate(&item, text));
+        }
+    }
+}
+
+/// A device's `nodeAllocatableResources` (1.37 shape, `DRANodeAllocatableResources`), as
+/// kube-apiserver 1.37 `validateNodeAllocatableResources` and the fields' declarative tags
+/// check them. Keys: `cpu`, `memory`, `ephemeral-storage`, `hugepages-<size>`.
+fn validate_node_allocatable_resources(path: &str, device: &Value, errors: &mut Vec<FieldError>) {
+    let Some(resources) = device
+        .get("nodeAllocatableResources")
+        .and_then(Value::as_object)
+    else {
+        return;
+    };
+    let capacities = device.get("capacity").and_then(Value::as_object);
+    let quantity = |v: &Value| v.as_str().and_then(|q| QuantityValue::parse(q).ok());
+    for (name, resource) in resources {
+        let field = format!("{path}.nodeAllocatableResources[{name}]");
+        let allocatable = matches!(name.as_str(), "cpu" | "memory" | "ephemeral-storage")
+            || name
+                .strip_prefix("hugepages-")
+                .is_some_and(|size| QuantityValue::parse(size).is_ok());
+        if !allocatable {
+            errors.push(FieldError::invalid(
+                &field,
+                &Value::from(name.as_str()),
+                "must be a node allocatable resource name",
+            ));
+        }
+        let mapping = resource.get("mapping").filter(|v| !v.is_null());
+        let overhead = resource.get("overhead").filter(|v| !v.is_null());
+        if mapping.is_none() && overhead.is_none() {
+            errors.push(FieldError {
+                field: field.clone(),
+                reason: "FieldValueRequired",
+                message: "Required value: at least one of mapping or overhead must be set".into(),
+            });
+        }
+        if let Some(mapping) = mapping {
+            let field = format!("{field}.mapping");
+            let key = mapping.get("capacityKey").filter(|v| !v.is_null());
+            let capacity_multiplier = mapping.get("capacityMultiplier").filter(|v| !v.is_null());
+            let device_multiplier = mapping.get("deviceMultiplier").filter(|v| !v.is_null());
+            if key.is_some() == device_multiplier.is_some() {
+                errors.push(FieldError::invalid(
+                    &field,
+                    mapping,
+                    "exactly one of `capacityKey` or `deviceMultiplier` is required",
+                ));
+            }
+            if let Some(key) = key {
+                let text = key.as_str().unwrap_or_default();
+                if !capacities.is_some_and(|c| c.contains_key(text)) {
+                    errors.push(FieldError {
+                        field: format!("{field}.capacityKey"),
+                        reason: "FieldValueNotFound",
+                        message: format!("Not found: {key}"),
+                    });
+                }
+                match capacity_multiplier {
+                    None => {
+                        errors.push(FieldError::required(&format!("{field}.capacityMultiplier")))
+                    }
+                    Some(m) if quantity(m).is_none_or(|q| q.sign() <= 0) => {
+                        errors.push(FieldError::invalid(
+                            &format!("{field}.capacityMultiplier"),
+                            m,
+                            "must be positive",
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            } else if capacity_multiplier.is_some() {
+                errors.push(FieldError::required(&format!("{field}.capacityKey")));
+            }
+            if let Some(m) = device_multiplier
+                && quantity(m).is_none_or(|q| q.sign() <= 0)
+            {
+                errors.push(FieldError::invalid(
+                    &format!("{field}.deviceMultiplier"),
+                    m,
+                    "must be positive",
+                ));
+            }
+        }
+        if let Some(overhead) = overhead {
+            let field = format!("{field}.overhead");
+            let per_pod = overhead.get("perPod").filter(|v| !v.is_null());
+            let per_container = overhead.get("perContainer").filter(|v| !v.is_null());
+            if per_pod.is_none() && per_container.is_none() {
+                errors.push(FieldError::invalid(
+                    &field,
+                    &Value::from(""),
+                    "at least one of perPod or perContainer must be set",
+                ));
+            }
+            for (key, value) in [("perPod", per_pod), ("perContainer", per_container)] {
+                if let Some(value) = value
+                    && quantity(value).is_none_or(|q| q.sign() < 0)
+                {
+                    errors.push(FieldError::invalid(
+                        &format!("{field}.{key}"),
+                        value,
+                        "must be non-negative",
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -923,6 +1190,122 @@ fn too_long(field: &str) -> FieldError {
     }
 }
 
+/// The API server's checks of an Event written through `events.k8s.io/v1`
+/// (`ValidateEventCreate`'s strict part): what it requires, the length limits (bytes, as Go's
+/// `len`), and the deprecated core fields left unset.
+fn validate_event(obj: &Value) -> Vec<FieldError> {
+    const SHORT_LIMIT: usize = 128;
+    const NOTE_LIMIT: usize = 1024;
+    let mut errors = Vec::new();
+    let text = |path: &str| {
+        lookup(obj, path)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    if text("eventTime").is_empty() {
+        errors.push(FieldError::required("eventTime"));
+    }
+    let kind = text("type");
+    if kind != "Normal" && kind != "Warning" {
+        errors.push(FieldError::invalid(
+            "type",
+            &Value::from(kind),
+            "has invalid value",
+        ));
+    }
+    let controller = text("reportingController");
+    if controller.is_empty() {
+        errors.push(FieldError::required("reportingController"));
+    } else if !is_qualified_name(controller) {
+        errors.push(FieldError::invalid(
+            "reportingController",
+            &Value::from(controller),
+            "must be a qualified name: an optional DNS subdomain prefix and '/', then at most 63 alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric character",
+        ));
+    }
+    for field in ["reportingInstance", "action", "reason"] {
+        let value = text(field);
+        if value.is_empty() {
+            errors.push(FieldError::required(field));
+        } else if value.len() > SHORT_LIMIT {
+            errors.push(FieldError::invalid(
+                field,
+                &Value::from(""),
+                &format!("can have at most {SHORT_LIMIT} characters"),
+            ));
+        }
+    }
+    if text("note").len() > NOTE_LIMIT {
+        errors.push(FieldError::invalid(
+            "note",
+            &Value::from(""),
+            &format!("can have at most {NOTE_LIMIT} characters"),
+        ));
+    }
+    let namespace = text("metadata.namespace");
+    if text("regarding.namespace").is_empty()
+        && namespace != "default"
+        && namespace != "kube-system"
+    {
+        errors.push(FieldError::invalid(
+            "regarding.namespace",
+            &Value::from(""),
+            "does not match event.namespace",
+        ));
+    }
+    if let Some(series) = lookup(obj, "series").filter(|s| !s.is_null()) {
+        if series.get("count").and_then(Value::as_i64).unwrap_or(0) < 2 {
+            errors.push(FieldError::invalid(
+                "series.count",
+                &Value::from(""),
+                "should be at least 2",
+            ));
+        }
+        if series
+            .get("lastObservedTime")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            errors.push(FieldError::required("series.lastObservedTime"));
+        }
+    }
+    for field in [
+        "deprecatedCount",
+        "deprecatedFirstTimestamp",
+        "deprecatedLastTimestamp",
+        "deprecatedSource",
+    ] {
+        if lookup(obj, field).is_some_and(|v| !v.is_null()) {
+            errors.push(FieldError::invalid(
+                field,
+                &Value::from(""),
+                "needs to be unset",
+            ));
+        }
+    }
+    errors
+}
+
+/// A Kubernetes qualified name: `[prefix/]name`, the prefix a DNS subdomain, the name at most
+/// 63 characters of alphanumerics, '-', '_' and '.', alphanumeric at both ends.
+fn is_qualified_name(value: &str) -> bool {
+    let (prefix, name) = match value.rsplit_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, value),
+    };
+    if prefix.is_some_and(|p| !super::object::is_dns_subdomain(p)) {
+        return false;
+    }
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// Namespace names are DNS labels, stricter than the subdomain rule applied to other kinds.
 fn validate_namespace(obj: &Value) -> Vec<FieldError> {
     match lookup(obj, "metadata.name").and_then(Value::as_str) {
@@ -943,6 +1326,124 @@ mod tests {
 
     fn slice(spec: Value) -> Value {
         json!({"metadata": {"name": "s"}, "spec": spec})
+    }
+
+    fn fields_of(spec: Value) -> Vec<String> {
+        validate_resource_slice(&slice(spec))
+            .into_iter()
+            .map(|e| format!("{}: {}", e.field, e.message))
+            .collect()
+    }
+
+    fn base(extra: Value) -> Value {
+        let mut spec = json!({
+            "driver": "gpu.example.com", "nodeName": "n1",
+            "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+        });
+        if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
+            spec.extend(extra);
+        }
+        spec
+    }
+
+    #[test]
+    fn partition_type_attribute_as_1_37_validates_it() {
+        let consumer = |attributes: Value| {
+            json!({"name": "p", "attributes": attributes,
+                   "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}]})
+        };
+        let ok = base(json!({
+            "partitionTypeAttribute": "gpu.example.com/profile",
+            "devices": [consumer(json!({"profile": {"string": "1g"}})), {"name": "plain"}],
+        }));
+        assert_eq!(fields_of(ok), Vec::<String>::new());
+        let no_consumers = base(json!({
+            "partitionTypeAttribute": "gpu.example.com/profile",
+            "devices": [{"name": "plain"}],
+        }));
+        assert_eq!(
+            fields_of(no_consumers),
+            [
+                r#"spec.partitionTypeAttribute: Invalid value: "gpu.example.com/profile": may only be set on a slice which declares devices that consume counters"#
+            ]
+        );
+        let wrong = base(json!({
+            "partitionTypeAttribute": "gpu.example.com/profile",
+            "devices": [consumer(json!({"gpu.example.com/profile": {"int": 1}})), {
+                "name": "q",
+                "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1Gi"}}}],
+            }],
+        }));
+        let errors = fields_of(wrong);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0]
+                .starts_with("spec.devices[0].attributes[gpu.example.com/profile]: Invalid value")
+        );
+        assert!(
+            errors[1]
+                .starts_with("spec.devices[1].attributes[gpu.example.com/profile]: Required value")
+        );
+    }
+
+    #[test]
+    fn skip_node_operations_as_1_37_validates_them() {
+        let ops = |ops: Value| fields_of(base(json!({"skipNodeOperations": ops})));
+        assert!(ops(json!(["NodePrepareResources", "NodeUnprepareResources"])).is_empty());
+        assert!(ops(json!(["*"])).is_empty());
+        assert!(ops(json!(["NodeUnprepareResources"])).is_empty());
+        assert_eq!(
+            ops(json!(["NodePrepareResources"])),
+            [
+                r#"spec.skipNodeOperations: Invalid value: ["NodePrepareResources"]: NodePrepareResources cannot be skipped unless NodeUnprepareResources is also skipped"#
+            ]
+        );
+        assert_eq!(ops(json!(["Other"])).len(), 1);
+        assert_eq!(ops(json!(["*", "*"])).len(), 1);
+    }
+
+    #[test]
+    fn compatibility_groups_and_node_allocatable_as_1_37_validates_them() {
+        let device = |device: Value| fields_of(base(json!({"devices": [device]})));
+        let groups = |groups: Value| {
+            device(
+                json!({"name": "p", "consumesCounters": [{"counterSet": "gpu-0",
+                "counters": {"memory": {"value": "1Gi"}}, "compatibilityGroups": groups}]}),
+            )
+        };
+        assert!(groups(json!(["mig", "mps"])).is_empty());
+        assert_eq!(groups(json!(["a", "b", "c"])).len(), 1);
+        assert_eq!(groups(json!(["a", "a"])).len(), 1);
+        assert_eq!(groups(json!(["A_1"])).len(), 1);
+
+        let allocatable = |resources: Value| {
+            device(json!({"name": "d", "capacity": {"cores": {"value": "8"}},
+                          "nodeAllocatableResources": resources}))
+        };
+        assert!(
+            allocatable(json!({
+                "cpu": {"mapping": {"capacityKey": "cores", "capacityMultiplier": "2"}},
+                "memory": {"overhead": {"perPod": "1Gi"}},
+                "hugepages-2Mi": {"mapping": {"deviceMultiplier": "2Mi"}},
+            }))
+            .is_empty()
+        );
+        for bad in [
+            json!({"example.com/x": {"mapping": {"deviceMultiplier": "1"}}}),
+            json!({"cpu": {}}),
+            json!({"cpu": {"mapping": {"capacityKey": "threads", "capacityMultiplier": "1"}}}),
+            json!({"cpu": {"mapping": {"capacityKey": "cores"}}}),
+            json!({"cpu": {"mapping": {"deviceMultiplier": "0"}}}),
+            json!({"memory": {"overhead": {"perPod": "-1"}}}),
+            json!({"memory": {"overhead": {}}}),
+        ] {
+            assert_eq!(
+                allocatable(bad.clone()).len(),
+                1,
+                "{bad}: {:?}",
+                allocatable(bad.clone())
+            );
+        }
     }
 
     #[test]
@@ -1127,6 +1628,52 @@ mod tests {
             "pool": {"name": "p", "generation": 0, "resourceSliceCount": 1},
         }));
         assert_eq!(validate_resource_slice(&obj).len(), 1);
+    }
+
+    #[test]
+    fn events_follow_the_strict_events_k8s_io_v1_rules() {
+        let valid = json!({
+            "metadata": {"name": "gpu.17979cfe362a0000", "namespace": "team-a"},
+            "eventTime": "2026-12-02T01:00:00.000000Z",
+            "type": "Warning",
+            "reason": "PrepareFailed",
+            "action": "Prepare",
+            "note": "bad config",
+            "reportingController": "gpu.example.com",
+            "reportingInstance": "gpu.example.com-node-a",
+            "regarding": {"kind": "ResourceClaim", "namespace": "team-a", "name": "gpu"},
+        });
+        assert!(validate_event(&valid).is_empty());
+        let fields = |obj: &Value| -> Vec<String> {
+            validate_event(obj).into_iter().map(|e| e.field).collect()
+        };
+        let mut broken = valid.clone();
+        broken["reason"] = json!("");
+        broken["note"] = json!("x".repeat(1025));
+        broken["reportingInstance"] = json!("i".repeat(129));
+        broken["type"] = json!("Error");
+        broken["reportingController"] = json!("not a name");
+        broken["series"] = json!({"count": 1});
+        broken["deprecatedCount"] = json!(3);
+        assert_eq!(
+            fields(&broken),
+            [
+                "type",
+                "reportingController",
+                "reportingInstance",
+                "reason",
+                "note",
+                "series.count",
+                "series.lastObservedTime",
+                "deprecatedCount"
+            ]
+        );
+        let mut series = valid.clone();
+        series["series"] = json!({"count": 2, "lastObservedTime": "2026-12-02T01:00:05.000000Z"});
+        assert!(validate_event(&series).is_empty());
+        let mut no_time = valid;
+        no_time.as_object_mut().unwrap().remove("eventTime");
+        assert_eq!(fields(&no_time), ["eventTime"]);
     }
 
     #[test]

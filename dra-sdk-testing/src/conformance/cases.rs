@@ -11,7 +11,8 @@ use super::session::{REQUEST, Session, TestClaim, api_name, get_info};
 use super::{Case, CaseResult, Verdict};
 use crate::cdi_check::{self, Snapshot};
 use crate::kubelet::{
-    DraApi, GET_INFO_TIMEOUT, KubeletDevice, KubeletError, KubeletSimulator, KubeletVersion,
+    DraApi, GET_INFO_TIMEOUT, HealthApi, KubeletDevice, KubeletError, KubeletSimulator,
+    KubeletVersion, ObservedHealth,
 };
 use dra_sdk::advanced::slices::SliceLimits;
 use dra_sdk::claim::ClaimRef;
@@ -27,7 +28,8 @@ const FIRST_HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
 /// The services the kubelet knows, as plugins advertise them.
 const V1_SERVICE: &str = "v1.DRAPlugin";
 const V1BETA1_SERVICE: &str = "v1beta1.DRAPlugin";
-const HEALTH_SERVICE: &str = "v1alpha1.DRAResourceHealth";
+const HEALTH_V1_SERVICE: &str = "v1.DRAResourceHealth";
+const HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
 /// An opaque config no driver registers.
 fn unknown_config() -> serde_json::Value {
@@ -71,7 +73,8 @@ fn release(version: KubeletVersion) -> &'static str {
         KubeletVersion::V1_33 => "1.33",
         KubeletVersion::V1_34 => "1.34",
         KubeletVersion::V1_35 => "1.35",
-        _ => "1.36",
+        KubeletVersion::V1_36 => "1.36",
+        _ => "1.37",
     }
 }
 
@@ -190,7 +193,12 @@ async fn registration(s: &mut Session) -> CaseResult {
             Err(error) => fail!("PluginInfo.endpoint {}: {error}", endpoint.display()),
         }
     }
-    let known = [V1_SERVICE, V1BETA1_SERVICE, HEALTH_SERVICE];
+    let known = [
+        V1_SERVICE,
+        V1BETA1_SERVICE,
+        HEALTH_V1_SERVICE,
+        HEALTH_V1ALPHA1_SERVICE,
+    ];
     let unknown: Vec<&String> = info
         .supported_versions
         .iter()
@@ -209,6 +217,7 @@ async fn registration(s: &mut Session) -> CaseResult {
         KubeletVersion::V1_34,
         KubeletVersion::V1_35,
         KubeletVersion::V1_36,
+        KubeletVersion::V1_37,
     ] {
         let kubelet = KubeletSimulator::new(version);
         // Only accepting kubelets run the handshake: a rejection would reach a plugin that a
@@ -223,9 +232,14 @@ async fn registration(s: &mut Session) -> CaseResult {
         }
         match kubelet.register(&s.registration).await {
             Ok(plugin) => accepted.push(format!(
-                "{} uses {}",
+                "{} uses {}{}",
                 release(version),
-                api_name(plugin.api)
+                api_name(plugin.api),
+                match plugin.health_api {
+                    Some(HealthApi::V1) => " and health v1",
+                    Some(HealthApi::V1alpha1) => " and health v1alpha1",
+                    None => "",
+                }
             )),
             Err(error) => fail!("kubelet {}: {error}", release(version)),
         }
@@ -638,8 +652,18 @@ async fn cdi_ids_resolve(s: &mut Session) -> CaseResult {
 
 async fn health_stream(s: &mut Session) -> CaseResult {
     let kubelet = s.kubelet()?;
-    if !kubelet.health_advertised {
-        return match kubelet.watch_health().await {
+    let listed = |name: &str| kubelet.info.supported_versions.iter().any(|v| v == name);
+    // Every advertised version is checked: a 1.37 kubelet uses v1, 1.34-1.36 use v1alpha1.
+    let advertised: Vec<HealthApi> = [
+        (HEALTH_V1_SERVICE, HealthApi::V1),
+        (HEALTH_V1ALPHA1_SERVICE, HealthApi::V1alpha1),
+    ]
+    .into_iter()
+    .filter(|(name, _)| listed(name))
+    .map(|(_, api)| api)
+    .collect();
+    if advertised.is_empty() {
+        return match kubelet.watch_health_via(HealthApi::V1alpha1).await {
             Err(KubeletError::Rpc { status, .. })
                 if status.code() == tonic::Code::Unimplemented =>
             {
@@ -655,27 +679,83 @@ async fn health_stream(s: &mut Session) -> CaseResult {
             ]),
         };
     }
-    let mut watch = kubelet
-        .watch_health()
-        .await
-        .map_err(|error| Verdict::Fail(format!("the health service is advertised, but {error}")))?;
-    let first = match tokio::time::timeout(FIRST_HEALTH_TIMEOUT, watch.next()).await {
-        Err(_) => {
-            fail!("no device list within {FIRST_HEALTH_TIMEOUT:?} of opening the health stream")
+    let mut notes = Vec::new();
+    let mut lists: Vec<(HealthApi, Vec<ObservedHealth>)> = Vec::new();
+    for api in advertised {
+        let name = health_api_name(api);
+        let mut watch = kubelet
+            .watch_health_via(api)
+            .await
+            .map_err(|error| Verdict::Fail(format!("{name} is advertised, but {error}")))?;
+        let first = match tokio::time::timeout(FIRST_HEALTH_TIMEOUT, watch.next()).await {
+            Err(_) => fail!(
+                "{name}: no device list within {FIRST_HEALTH_TIMEOUT:?} of opening the health stream"
+            ),
+            Ok(None) => {
+                fail!("{name}: the plugin ended the health stream before sending a device list")
+            }
+            Ok(Some(Err(error))) => fail!("{name}: health stream: {error}"),
+            Ok(Some(Ok(devices))) => devices,
+        };
+        check_health_list(s, name, &first).await?;
+        notes.push(format!("{name}: first list with {} devices", first.len()));
+        lists.push((api, first));
+    }
+    if let [(_, first), (_, second)] = lists.as_slice() {
+        let devices = |list: &[ObservedHealth]| -> BTreeSet<(String, String)> {
+            list.iter()
+                .map(|e| (e.pool.clone(), e.device.clone()))
+                .collect()
+        };
+        ensure!(
+            devices(first) == devices(second),
+            "v1 and v1alpha1 report different devices: {:?} and {:?}",
+            devices(first),
+            devices(second)
+        );
+        let states = |list: &[ObservedHealth]| -> BTreeSet<(String, String, String, String)> {
+            list.iter()
+                .map(|e| {
+                    let status = format!("{:?}", e.status);
+                    (e.pool.clone(), e.device.clone(), status, e.message.clone())
+                })
+                .collect()
+        };
+        if states(first) == states(second) {
+            notes.push("v1 and v1alpha1 report the same device states".into());
+        } else {
+            // The two streams were opened one after the other: a change in between is legal.
+            notes.push(
+                "v1 and v1alpha1 differed in a device's state (changed between the two reads?)"
+                    .into(),
+            );
         }
-        Ok(None) => fail!("the plugin ended the health stream before sending a device list"),
-        Ok(Some(Err(error))) => fail!("health stream: {error}"),
-        Ok(Some(Ok(devices))) => devices,
-    };
+    }
+    Ok(notes)
+}
+
+fn health_api_name(api: HealthApi) -> &'static str {
+    match api {
+        HealthApi::V1 => HEALTH_V1_SERVICE,
+        HealthApi::V1alpha1 => HEALTH_V1ALPHA1_SERVICE,
+    }
+}
+
+/// One health list as the kubelet checks it: named, unique entries of published devices.
+async fn check_health_list(
+    s: &mut Session,
+    service: &str,
+    first: &[ObservedHealth],
+) -> Result<(), Verdict> {
     let mut seen = BTreeSet::new();
-    for entry in &first {
+    for entry in first {
         ensure!(
             !entry.pool.is_empty() && !entry.device.is_empty(),
-            "a health entry has an empty pool or device name: {entry:?}"
+            "{service}: a health entry has an empty pool or device name: {entry:?}"
         );
         ensure!(
             seen.insert((entry.pool.clone(), entry.device.clone())),
-            "device {}/{} appears twice in one health list",
+            "{service}: device {}/{} appears twice in one health list",
             entry.pool,
             entry.device
         );
@@ -708,11 +788,11 @@ async fn health_stream(s: &mut Session) -> CaseResult {
             .collect();
         ensure!(
             unpublished.is_empty(),
-            "the health stream reports devices the driver does not publish: {}",
+            "{service}: the health stream reports devices the driver does not publish: {}",
             unpublished.join(", ")
         );
     }
-    Ok(vec![format!("first list with {} devices", first.len())])
+    Ok(())
 }
 
 async fn restart_keeps_claims(s: &mut Session) -> CaseResult {

@@ -118,8 +118,10 @@ pub enum Case {
     /// `cdi-ids-resolve`: every CDI ID in a prepare answer is well formed and defined by
     /// exactly one valid spec file.
     CdiIdsResolve,
-    /// `health-stream`: an advertised health stream sends a full device list at once, of
-    /// published devices; without it, `NodeWatchResources` is not served.
+    /// `health-stream`: each advertised health service (`v1.DRAResourceHealth` for 1.37
+    /// kubelets, `v1alpha1.DRAResourceHealth` for 1.34+) sends a full device list at once, of
+    /// published devices, and both report the same devices; without either, the v1alpha1
+    /// stream 1.36 kubelets open anyway is noted.
     HealthStream,
     /// `restart-keeps-claims`: after a plugin restart, prepared claims are still prepared
     /// (same answer, same CDI devices) and can be unprepared, also once the ResourceClaim is

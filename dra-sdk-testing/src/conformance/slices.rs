@@ -501,6 +501,14 @@ fn device_model(value: &Value) -> Result<Device, String> {
                 .unwrap_or_default()
                 .to_owned(),
             counters: counters(consumption.get("counters")),
+            compatibility_groups: consumption
+                .get("compatibilityGroups")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
         });
     }
 

@@ -185,18 +185,30 @@ pub fn assert_all_options_documented(chart: &Path) {
     assert_eq!(schema["additionalProperties"], false);
 }
 
+/// API groups the reference OpenAPI documents (`../shared/reference/openapi`) do not include:
+/// objects of these are checked by the decoding round trip only (which also reports unknown
+/// fields and wrong types, through the `k8s-openapi` type).
+const DECODE_ONLY: [&str; 2] = ["policy/v1", "networking.k8s.io/v1"];
+
 /// Every object of every values set: OpenAPI problems and decode problems, as messages
-/// prefixed with the values set and the object.
+/// prefixed with the values set and the object. Objects of the groups the reference documents
+/// lack (`policy/v1` PodDisruptionBudgets, `networking.k8s.io/v1` NetworkPolicies) are decoded
+/// only.
 pub fn validate_all(openapi: &OpenApi, set: &str, documents: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     for document in documents {
         let what = format!("{set}: {}", describe(document));
-        problems.extend(
-            openapi
-                .check(document)
-                .into_iter()
-                .map(|p| format!("{what}: OpenAPI: {p}")),
-        );
+        let decode_only = document["apiVersion"]
+            .as_str()
+            .is_some_and(|version| DECODE_ONLY.contains(&version));
+        if !decode_only {
+            problems.extend(
+                openapi
+                    .check(document)
+                    .into_iter()
+                    .map(|p| format!("{what}: OpenAPI: {p}")),
+            );
+        }
         problems.extend(
             decode(document)
                 .into_iter()
@@ -386,11 +398,12 @@ pub fn round_trip<K: DeserializeOwned + Serialize>(document: &Value) -> Vec<Stri
 /// Decodes `document` into the `k8s-openapi` type of its kind.
 pub fn decode(document: &Value) -> Vec<String> {
     use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
     };
-    use k8s_openapi::api::apps::v1::DaemonSet;
-    use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service, ServiceAccount};
     use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
     use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
     let api_version = document["apiVersion"].as_str().unwrap_or_default();
@@ -400,7 +413,10 @@ pub fn decode(document: &Value) -> Vec<String> {
         ("v1", "ServiceAccount") => round_trip::<ServiceAccount>(document),
         ("v1", "Pod") => round_trip::<Pod>(document),
         ("v1", "Service") => round_trip::<Service>(document),
+        ("v1", "Secret") => round_trip::<Secret>(document),
         ("apps/v1", "DaemonSet") => round_trip::<DaemonSet>(document),
+        ("apps/v1", "Deployment") => round_trip::<Deployment>(document),
+        ("policy/v1", "PodDisruptionBudget") => round_trip::<PodDisruptionBudget>(document),
         ("networking.k8s.io/v1", "NetworkPolicy") => round_trip::<NetworkPolicy>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => round_trip::<ClusterRole>(document),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
@@ -413,6 +429,9 @@ pub fn decode(document: &Value) -> Vec<String> {
         }
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
             round_trip::<ValidatingAdmissionPolicyBinding>(document)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            round_trip::<ValidatingWebhookConfiguration>(document)
         }
         ("resource.k8s.io/v1", "DeviceClass") => round_trip::<DeviceClass>(document),
         ("resource.k8s.io/v1", "ResourceClaim") => round_trip::<ResourceClaim>(document),
@@ -443,7 +462,7 @@ pub fn env_map(container: &Value) -> BTreeMap<String, Value> {
 
 /// Panics unless the rules of the plugin's ClusterRole `role` are least privilege: exactly the
 /// verbs the SDK's plugin uses (get claims; list, watch, create, update and delete slices; get
-/// nodes), no patch, no deletecollection.
+/// nodes; create and patch `events.k8s.io` Events), no other patch, no deletecollection.
 pub fn assert_plugin_rules(role: &Value) {
     let rules: Vec<(String, Vec<String>)> = role["rules"]
         .as_array()
@@ -466,8 +485,17 @@ pub fn assert_plugin_rules(role: &Value) {
                 &["list", "watch", "create", "update", "delete"]
             ),
             owned("nodes", &["get"]),
+            // Failure Events on claims: created once, then their series count patched.
+            owned("events", &["create", "patch"]),
         ]
     );
+    let events = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|rule| rule["resources"][0] == "events")
+        .unwrap();
+    assert_eq!(events["apiGroups"], serde_json::json!(["events.k8s.io"]));
 }
 
 /// `kind/name` of a document, for messages.
@@ -477,4 +505,306 @@ pub fn describe(document: &Value) -> String {
         document["kind"].as_str().unwrap_or("?"),
         document["metadata"]["name"].as_str().unwrap_or("?")
     )
+}
+
+/// A TLS handshake, in memory, between a server presenting `cert_pem` with `key_pem` and a
+/// client that trusts only `ca_pem` and connects to `server_name`: what the API server does
+/// when it calls a webhook with the `caBundle` of its configuration. `Err` says what failed
+/// (a bad PEM, an untrusted chain, a name the certificate does not cover).
+pub fn tls_handshake(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    ca_pem: &[u8],
+    server_name: &str,
+) -> Result<(), String> {
+    use std::sync::Arc;
+
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| format!("certificate: {error}"))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|error| format!("key: {error}"))?;
+    let mut roots = RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(ca_pem) {
+        let ca = ca.map_err(|error| format!("CA bundle: {error}"))?;
+        roots
+            .add(ca)
+            .map_err(|error| format!("CA bundle: {error}"))?;
+    }
+    let server_config = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|error| format!("server: {error}"))?;
+    let client_config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|error| error.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(server_name.to_owned()).map_err(|error| error.to_string())?;
+    let mut client = ClientConnection::new(Arc::new(client_config), name)
+        .map_err(|error| format!("client: {error}"))?;
+    let mut server = ServerConnection::new(Arc::new(server_config))
+        .map_err(|error| format!("server: {error}"))?;
+    // Each round moves what one side wrote to the other; a TLS 1.3 handshake needs two.
+    for _ in 0..8 {
+        let mut wire = Vec::new();
+        client
+            .write_tls(&mut wire)
+            .map_err(|error| error.to_string())?;
+        server
+            .read_tls(&mut wire.as_slice())
+            .map_err(|error| error.to_string())?;
+        server
+            .process_new_packets()
+            .map_err(|error| format!("server: {error}"))?;
+        wire.clear();
+        server
+            .write_tls(&mut wire)
+            .map_err(|error| error.to_string())?;
+        client
+            .read_tls(&mut wire.as_slice())
+            .map_err(|error| error.to_string())?;
+        client
+            .process_new_packets()
+            .map_err(|error| format!("client: {error}"))?;
+        if !client.is_handshaking() && !server.is_handshaking() {
+            return Ok(());
+        }
+    }
+    Err("the handshake did not complete".to_owned())
+}
+
+/// The objects of a chart's validating admission webhook (`webhook.enabled`) among rendered
+/// `documents`: those labelled `app.kubernetes.io/component: webhook`, by kind.
+pub fn webhook_objects(documents: &[Value]) -> BTreeMap<String, Vec<&Value>> {
+    let mut out: BTreeMap<String, Vec<&Value>> = BTreeMap::new();
+    for document in documents {
+        if document["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook" {
+            let kind = document["kind"].as_str().unwrap_or_default().to_owned();
+            out.entry(kind).or_default().push(document);
+        }
+    }
+    out
+}
+
+/// Whether the `matchLabels` selector `selector` selects a pod labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_object()
+        .is_some_and(|wanted| wanted.iter().all(|(key, value)| &labels[key] == value))
+}
+
+/// Panics unless a chart's webhook objects among `documents`, rendered in `namespace`, have the
+/// shape the webhook contract asks for: a Deployment running `command` hardened (non-root,
+/// read-only root filesystem, no privilege escalation, every capability dropped, seccomp
+/// RuntimeDefault or Localhost, no ServiceAccount token), probed with HTTPS `GET /readyz`,
+/// its TLS Secret mounted at `/etc/dra-webhook/tls`; a Service that selects its pods and
+/// targets its port; a PodDisruptionBudget (`minAvailable: 1`) over the same pods exactly when
+/// there is more than one replica; a ValidatingWebhookConfiguration for CREATE and UPDATE of
+/// claims, claim templates and DeviceClasses, calling that Service at `/validate`. The
+/// webhook's pods are selected by no other workload, Service or NetworkPolicy of the chart.
+/// Returns the webhook configuration's single webhook.
+pub fn assert_webhook_shape<'a>(
+    documents: &'a [Value],
+    namespace: &str,
+    command: &str,
+) -> &'a Value {
+    let objects = webhook_objects(documents);
+    let one = |kind: &str| -> &'a Value {
+        let found = objects.get(kind).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(found.len(), 1, "one webhook {kind}: {found:?}");
+        found[0]
+    };
+    let deployment = one("Deployment");
+    let service = one("Service");
+    let configuration = one("ValidatingWebhookConfiguration");
+    let spec = &deployment["spec"];
+    let pod_labels = &spec["template"]["metadata"]["labels"];
+    assert!(selects(&spec["selector"]["matchLabels"], pod_labels));
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    if let Some(service_account) = documents
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == account)
+    {
+        assert_eq!(service_account["automountServiceAccountToken"], false);
+    }
+    // No RBAC names the webhook's account: it makes no API calls.
+    for binding in documents.iter().filter(|d| {
+        d["kind"]
+            .as_str()
+            .is_some_and(|kind| kind.ends_with("RoleBinding"))
+    }) {
+        for subject in binding["subjects"].as_array().into_iter().flatten() {
+            assert_ne!(subject["name"], account, "{}", describe(binding));
+        }
+    }
+    let container = &pod["containers"][0];
+    assert_eq!(pod["containers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(container["command"], serde_json::json!([command]));
+    let security = &container["securityContext"];
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_ne!(security["privileged"], true);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_ne!(pod["securityContext"]["runAsUser"], 0);
+    let seccomp = if security["seccompProfile"].is_null() {
+        &pod["securityContext"]["seccompProfile"]["type"]
+    } else {
+        &security["seccompProfile"]["type"]
+    };
+    assert!(
+        seccomp == "RuntimeDefault" || seccomp == "Localhost",
+        "{seccomp}"
+    );
+    assert!(!container["resources"]["requests"].is_null(), "resources");
+    let port = &container["ports"][0];
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!(get["path"], "/readyz", "{probe}");
+        assert_eq!(get["scheme"], "HTTPS", "{probe}");
+        assert_eq!(get["port"], port["name"], "{probe}");
+    }
+    let env = env_map(container);
+    assert_eq!(
+        env["WEBHOOK_PORT"]["value"],
+        port["containerPort"].to_string()
+    );
+    assert_eq!(
+        env["TLS_CERT_FILE"]["value"],
+        "/etc/dra-webhook/tls/tls.crt"
+    );
+    assert_eq!(env["TLS_KEY_FILE"]["value"], "/etc/dra-webhook/tls/tls.key");
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["mountPath"], "/etc/dra-webhook/tls");
+    assert_eq!(mount["readOnly"], true);
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the TLS volume");
+    assert!(volume["secret"]["secretName"].is_string());
+
+    // The Service selects the webhook's pods and targets its port; nothing else selects them.
+    assert!(selects(&service["spec"]["selector"], pod_labels));
+    assert_eq!(service["spec"]["ports"][0]["targetPort"], port["name"]);
+    for other in documents
+        .iter()
+        .filter(|d| !objects.values().flatten().any(|w| w == d))
+    {
+        let selector = match other["kind"].as_str().unwrap_or_default() {
+            "Service" => &other["spec"]["selector"],
+            "DaemonSet" | "Deployment" => &other["spec"]["selector"]["matchLabels"],
+            "NetworkPolicy" => &other["spec"]["podSelector"]["matchLabels"],
+            _ => continue,
+        };
+        assert!(
+            !selects(selector, pod_labels),
+            "{} selects the webhook's pods",
+            describe(other)
+        );
+    }
+
+    let replicas = spec["replicas"].as_i64().unwrap();
+    match objects.get("PodDisruptionBudget").map(Vec::as_slice) {
+        Some([budget]) => {
+            assert!(
+                replicas > 1,
+                "a PodDisruptionBudget with {replicas} replica"
+            );
+            assert_eq!(budget["spec"]["minAvailable"], 1);
+            assert_eq!(budget["spec"]["selector"], spec["selector"]);
+        }
+        None => assert_eq!(
+            replicas, 1,
+            "no PodDisruptionBudget with {replicas} replicas"
+        ),
+        Some(many) => panic!("{} PodDisruptionBudgets", many.len()),
+    }
+
+    let webhooks = configuration["webhooks"].as_array().unwrap();
+    assert_eq!(webhooks.len(), 1);
+    let webhook = &webhooks[0];
+    assert_eq!(
+        webhook["rules"],
+        serde_json::json!([{
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates", "deviceclasses"],
+            "scope": "*"
+        }])
+    );
+    assert_eq!(webhook["matchPolicy"], "Equivalent");
+    assert_eq!(webhook["sideEffects"], "None");
+    assert_eq!(
+        webhook["admissionReviewVersions"],
+        serde_json::json!(["v1"])
+    );
+    let called = &webhook["clientConfig"]["service"];
+    assert_eq!(called["name"], service["metadata"]["name"]);
+    assert_eq!(called["namespace"], namespace);
+    assert_eq!(called["path"], "/validate");
+    assert_eq!(called["port"], service["spec"]["ports"][0]["port"]);
+    for object in [deployment, service] {
+        assert_eq!(object["metadata"]["namespace"], namespace);
+    }
+    webhook
+}
+
+/// The bytes of `key` in a rendered Secret's `data` (base64).
+pub fn secret_data(secret: &Value, key: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let encoded = secret["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{}: no data {key}", describe(secret)));
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap_or_else(|error| panic!("{}: data {key}: {error}", describe(secret)))
+}
+
+/// Panics unless the `helm` TLS mode's objects among `documents` agree: the Secret the
+/// Deployment mounts holds a CA, which is the webhook configuration's `caBundle`, and a
+/// certificate and key that complete a TLS handshake with a client trusting only that
+/// bundle, for the names the API server uses for the Service (`<svc>.<ns>.svc`, and the
+/// shorter ones), and for no other name.
+pub fn assert_helm_mode_certificate(documents: &[Value], namespace: &str) {
+    let objects = webhook_objects(documents);
+    let secret = objects["Secret"][0];
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let deployment = objects["Deployment"][0];
+    let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(
+        volumes[0]["secret"]["secretName"],
+        secret["metadata"]["name"]
+    );
+    let webhook = &objects["ValidatingWebhookConfiguration"][0]["webhooks"][0];
+    assert_eq!(
+        webhook["clientConfig"]["caBundle"],
+        secret["data"]["ca.crt"]
+    );
+    let (cert, key, ca) = (
+        secret_data(secret, "tls.crt"),
+        secret_data(secret, "tls.key"),
+        secret_data(secret, "ca.crt"),
+    );
+    let service = objects["Service"][0]["metadata"]["name"].as_str().unwrap();
+    for name in [
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}"),
+        service.to_owned(),
+    ] {
+        tls_handshake(&cert, &key, &ca, &name).unwrap_or_else(|error| panic!("{name}: {error}"));
+    }
+    let error = tls_handshake(&cert, &key, &ca, "elsewhere.example.com")
+        .expect_err("the certificate is for the Service only");
+    assert!(error.contains("client"), "{error}");
 }

@@ -25,3 +25,9 @@ pub mod dra_v1beta1 {
 pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
+
+/// `v1`: the DRA resource-health streaming service, v1 (kubelet 1.37+; same messages as
+/// v1alpha1).
+pub mod health_v1 {
+    tonic::include_proto!("v1");
+}

@@ -8,7 +8,14 @@
 //! |---|---|---|
 //! | `resource.kubernetes.io/pcieRoot` | string `pci<domain>:<bus>` | Go helper v0.34 |
 //! | `resource.kubernetes.io/pciBusID` | string, extended BDF `<domain>:<bus>:<device>.<function>` | Go helper v0.36 |
-//! | `resource.kubernetes.io/numaNode` | int, or a list of ints with `DRAListTypeAttributes` (1.36 alpha) | proposed (KEP-6072), in no release yet |
+//! | `resource.kubernetes.io/numaNode` | int, or a list of ints with `DRAListTypeAttributes` (the device's node first, then same-socket nodes at the smallest distance) | Kubernetes 1.37 (KEP-6072, stable), Go helper `deviceattribute` |
+//!
+//! `numaNode` became standard in Kubernetes 1.37 (KEP-6072 went straight to stable: a name and
+//! a convention, no API change and no feature gate; the Go helper's `deviceattribute` package
+//! gained its constant and sysfs readers in both forms, kubernetes/kubernetes#139929). The API
+//! server validates it like any attribute; the scalar form works on every release, the list
+//! form needs `DRAListTypeAttributes` (alpha in 1.36). The Go helper refuses negative IDs and
+//! IDs of 1024 and more, as [`NumaNode::new`] does.
 //!
 //! ```
 //! use dra_sdk::attributes::{NumaNode, PciBusId};
@@ -290,9 +297,11 @@ impl FromStr for PcieRoot {
 
 /// A NUMA node ID, `0..1024`: the value of `resource.kubernetes.io/numaNode`.
 ///
-/// Published as an `int`. In a list (`Vec<NumaNode>`, or [`PciAttributes`] with
-/// [`NumaNodeForm::List`]) it becomes `ints`, the form KEP-6072 prefers where
-/// `DRAListTypeAttributes` is on: the device's own node first, then nodes at the same distance.
+/// Published as an `int` (the scalar form of the Kubernetes 1.37 standard attribute). In a list
+/// (`Vec<NumaNode>`, or [`PciAttributes`] with [`NumaNodeForm::List`]) it becomes `ints`, the
+/// list form of KEP-6072 for servers with `DRAListTypeAttributes`: the device's own node first,
+/// then nodes of the same socket at the smallest distance. `matchAttribute` on
+/// `resource.kubernetes.io/numaNode` then matches an int with a list that contains it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NumaNode(u16);
 

@@ -382,20 +382,21 @@ fn decode_configs<C: Send + Sync + 'static>(
         let Some(opaque) = config.opaque.as_ref() else {
             continue;
         };
-        if opaque.driver != driver_name {
+        // Shared with the admission webhook: the same decoding and the same message.
+        let Some(outcome) =
+            registry.decode_for_driver(driver_name, &opaque.driver, &opaque.parameters.0)
+        else {
             continue;
-        }
+        };
         let source = match config.source.as_str() {
             "FromClass" => ConfigSource::Class,
             _ => ConfigSource::Claim,
         };
         let requests = config.requests.clone().unwrap_or_default();
-        let value = registry
-            .decode(&opaque.parameters.0)
-            .map_err(|source_error| ClaimError::Config {
-                location: config_location(index, source, &requests),
-                source: source_error,
-            })?;
+        let value = outcome.map_err(|source_error| ClaimError::Config {
+            location: config_location(index, source, &requests),
+            source: source_error,
+        })?;
         decoded.push(DecodedConfig {
             requests,
             applied: AppliedConfig {

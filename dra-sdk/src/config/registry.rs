@@ -142,6 +142,19 @@ impl<C: Send + Sync + 'static> ConfigRegistry<C> {
         self.decode_with(parameters, false)
     }
 
+    /// Decodes one opaque config, strictly, when it is addressed to `driver_name`; `None` when
+    /// `opaque_driver` is another driver's. Prepare (each `status.allocation.devices.config`
+    /// entry) and the admission webhook (each `spec.devices.config` entry) both go through
+    /// here, so a config is accepted or refused alike, with the same [`ConfigError`] text.
+    pub(crate) fn decode_for_driver(
+        &self,
+        driver_name: &str,
+        opaque_driver: &str,
+        parameters: &Value,
+    ) -> Option<Result<C, ConfigError>> {
+        (opaque_driver == driver_name).then(|| self.decode(parameters))
+    }
+
     /// The registered kinds, in registration order.
     pub fn kinds(&self) -> impl ExactSizeIterator<Item = ConfigKind> + '_ {
         self.entries.iter().map(|entry| entry.kind)

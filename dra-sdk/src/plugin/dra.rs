@@ -1,4 +1,5 @@
-//! gRPC adapters: the kubelet's DRA node service in v1 and v1beta1, and the health stream.
+//! gRPC adapters: the kubelet's DRA node service in v1 and v1beta1, and the health stream in
+//! v1 and v1alpha1.
 //!
 //! Both API versions carry the same messages (v1 adds `share_id`), so one macro generates the
 //! two adapters and both call the same [`NodeService`]. Conversion happens here, at the edge.
@@ -13,7 +14,9 @@ use tonic::{Request, Response, Status};
 use crate::claim::{ClaimRef, DeviceRef};
 use crate::driver::Driver;
 use crate::health::{DeviceState, HealthSource, HealthStatus};
+use crate::plugin::events::{ClaimEvents, Failure};
 use crate::plugin::node::NodeService;
+use crate::proto::health_v1;
 use crate::proto::health_v1alpha1 as health_pb;
 
 /// The kubelet's claims as [`ClaimRef`]s (the `Claim` message is the same in every version).
@@ -56,6 +59,23 @@ async fn detached<T: Send + 'static>(
         .map_err(|error| Status::internal(format!("the batch task failed: {error}")))
 }
 
+/// Records an Event for each claim of the batch that failed, with the message the kubelet
+/// gets. Only hands the work to the recorder: the answer is not delayed.
+fn record_failures<T>(
+    events: &ClaimEvents,
+    claims: &[ClaimRef],
+    results: &std::collections::BTreeMap<String, Result<T, String>>,
+    failure: Failure,
+) {
+    for (uid, result) in results {
+        if let Err(message) = result
+            && let Some(claim) = claims.iter().find(|claim| claim.uid == *uid)
+        {
+            events.record(claim, failure, message);
+        }
+    }
+}
+
 /// Generates the adapter for one DRA API version, `crate::proto::$pb`. `$device` builds that
 /// version's `Device` defaults from a prepared device's optional share ID (v1beta1 has no
 /// such field, so it ignores it).
@@ -63,6 +83,8 @@ macro_rules! dra_adapter {
     ($adapter:ident, $pb:ident, $device:expr) => {
         pub(crate) struct $adapter<D: Driver> {
             pub(crate) node: Arc<NodeService<D>>,
+            /// Failure Events on the claims (off the kubelet's path).
+            pub(crate) events: ClaimEvents,
         }
 
         #[tonic::async_trait]
@@ -74,9 +96,11 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodePrepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodePrepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims = claim_refs!(request.into_inner().claims);
+                let claims: Vec<ClaimRef> = claim_refs!(request.into_inner().claims);
+                let requested = claims.clone();
                 let node = Arc::clone(&self.node);
                 let results = detached(async move { node.prepare(claims).await }).await?;
+                record_failures(&self.events, &requested, &results, Failure::Prepare);
                 let device_defaults: fn(Option<String>) -> pb::Device = $device;
                 let claims = results
                     .into_iter()
@@ -111,9 +135,11 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodeUnprepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims = claim_refs!(request.into_inner().claims);
+                let claims: Vec<ClaimRef> = claim_refs!(request.into_inner().claims);
+                let requested = claims.clone();
                 let node = Arc::clone(&self.node);
                 let results = detached(async move { node.unprepare(claims).await }).await?;
+                record_failures(&self.events, &requested, &results, Failure::Unprepare);
                 let claims = results
                     .into_iter()
                     .map(|(uid, result)| {
@@ -135,7 +161,11 @@ dra_adapter!(DraV1beta1, dra_v1beta1, |_share_id| {
     crate::proto::dra_v1beta1::Device::default()
 });
 
-/// Serves `NodeWatchResources` from a driver's [`HealthSource`].
+/// Serves `NodeWatchResources` from a driver's [`HealthSource`], in both versions of the
+/// health service: a 1.37 kubelet uses `v1.DRAResourceHealth`, kubelets 1.34-1.36 know only
+/// `v1alpha1.DRAResourceHealth`. The messages are the same, so one stream (built in v1alpha1
+/// types) feeds both, and both see the same device states.
+#[derive(Clone)]
 pub(crate) struct HealthService {
     /// The driver's device health; `None` for a driver that reports none.
     pub(crate) source: Option<HealthSource>,
@@ -156,25 +186,72 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
         &self,
         _request: Request<health_pb::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        Ok(Response::new(self.watch()))
+    }
+}
+
+type HealthStreamV1 =
+    Pin<Box<dyn Stream<Item = Result<health_v1::NodeWatchResourcesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl health_v1::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStreamV1;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<health_v1::NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        use futures::StreamExt as _;
+        Ok(Response::new(Box::pin(
+            self.watch().map(|item| item.map(to_v1)),
+        )))
+    }
+}
+
+/// A v1alpha1 health message in v1 types: the two versions' messages are field for field
+/// the same.
+fn to_v1(response: health_pb::NodeWatchResourcesResponse) -> health_v1::NodeWatchResourcesResponse {
+    health_v1::NodeWatchResourcesResponse {
+        devices: response
+            .devices
+            .into_iter()
+            .map(|device| health_v1::DeviceHealth {
+                device: device.device.map(|id| health_v1::DeviceIdentifier {
+                    pool_name: id.pool_name,
+                    device_name: id.device_name,
+                }),
+                // Same numbers in both enums (UNKNOWN 0, HEALTHY 1, UNHEALTHY 2).
+                health: device.health,
+                last_updated_time: device.last_updated_time,
+                health_check_timeout_seconds: device.health_check_timeout_seconds,
+                message: device.message,
+            })
+            .collect(),
+    }
+}
+
+impl HealthService {
+    /// One kubelet's health stream, whichever service version it opened.
+    fn watch(&self) -> HealthStream {
         let Some(source) = &self.source else {
             // Kubelet 1.36 (seen with v1.36.2) opens this stream for every plugin, whether it
             // lists the health service or not, and after `Unimplemented` retries every 5 s,
             // forever. A driver without health gets a quiet stream instead: nothing to report,
             // no reconnect churn. It ends with the plugin, or when the kubelet goes away.
             let shutdown = self.shutdown.clone();
-            return Ok(Response::new(async_stream(move |sender| async move {
+            return async_stream(move |sender| async move {
                 tokio::select! {
                     () = shutdown.cancelled_owned() => {}
                     () = sender.closed() => {}
                 }
-            })));
+            });
         };
         let mut updates = source.subscribe();
         let resend = self.resend_interval;
         // The stream ends with the plugin: the server's graceful shutdown waits for open
         // streams, and a driver's source never ends on its own.
         let shutdown = self.shutdown.clone();
-        let stream = async_stream(move |sender| async move {
+        async_stream(move |sender| async move {
             let mut ticker = tokio::time::interval(resend);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut stamps = ChangeStamps::default();
@@ -207,8 +284,7 @@ impl health_pb::dra_resource_health_server::DraResourceHealth for HealthService 
                     _ = ticker.tick() => {}
                 }
             }
-        });
-        Ok(Response::new(stream))
+        })
     }
 }
 

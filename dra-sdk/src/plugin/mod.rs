@@ -24,6 +24,7 @@
 pub(crate) mod authority;
 pub(crate) mod client;
 mod dra;
+mod events;
 mod node;
 pub(crate) mod registration;
 mod reports;
@@ -193,6 +194,7 @@ pub struct PluginBuilder<D: Driver> {
     read_policy: ReadPolicy,
     serialize_operations: bool,
     foreign_checkpoint: Option<Box<dyn ForeignCheckpoint>>,
+    skip_node_operations: bool,
 }
 
 impl KubeletPlugin {
@@ -231,6 +233,7 @@ impl KubeletPlugin {
             health_resend_interval: Duration::from_secs(10),
             read_policy: ReadPolicy::default(),
             serialize_operations: false,
+            skip_node_operations: false,
             foreign_checkpoint: None,
         }
     }
@@ -432,6 +435,20 @@ impl<D: Driver> PluginBuilder<D> {
         self
     }
 
+    /// Declares that this driver's devices need no node preparation: its ResourceSlices carry
+    /// `skipNodeOperations` (Kubernetes 1.37 alpha, `DRAOptionalNodeOperations`; see
+    /// [`ResourceSlicePublisher::skip_node_operations`](crate::advanced::slices::ResourceSlicePublisher::skip_node_operations)),
+    /// so a kubelet with the gate skips
+    /// prepare and unprepare for claims that only use such devices.
+    ///
+    /// The plugin keeps serving both calls unchanged: older kubelets, kubelets without the
+    /// gate and servers that drop the field still make them, and claims allocated before the
+    /// change keep the setting they were allocated with.
+    pub fn skip_node_operations(mut self) -> Self {
+        self.skip_node_operations = true;
+        self
+    }
+
     /// Retry policy for ResourceClaim reads.
     pub fn claim_read_policy(mut self, policy: ReadPolicy) -> Self {
         self.read_policy = policy;
@@ -579,11 +596,14 @@ impl<D: Driver> PluginBuilder<D> {
         // replaced, partitioning switched), and until those are gone the scheduler may still
         // allocate their devices. Registration waits for that, within a bound.
         let publisher = context.initial_resources().map(|resources| {
-            let publisher = ResourceSlicePublisher::for_node(
+            let mut publisher = ResourceSlicePublisher::for_node(
                 self.client.clone(),
                 &driver_name,
                 &self.node_name,
             );
+            if self.skip_node_operations {
+                publisher = publisher.skip_node_operations();
+            }
             tasks.spawn(forward_events(
                 publish_events(publisher.subscribe()),
                 Arc::clone(&driver),
@@ -599,6 +619,7 @@ impl<D: Driver> PluginBuilder<D> {
         // DRA service before registration: the kubelet may call it as soon as it registers.
         spawn_dra_server(
             &node,
+            events::ClaimEvents::new(self.client.clone(), &driver_name, &self.node_name),
             &paths,
             health.clone(),
             self.health_resend_interval,
@@ -704,6 +725,7 @@ fn health_source<D: Driver>(driver: &D, context: &DriverContext) -> Option<Healt
 /// resource-health stream on it until `shutdown`.
 async fn spawn_dra_server<D: Driver>(
     node: &Arc<NodeService<D>>,
+    events: events::ClaimEvents,
     paths: &SocketPaths,
     health: Option<HealthSource>,
     resend_interval: Duration,
@@ -720,27 +742,36 @@ async fn spawn_dra_server<D: Driver>(
     let dra_listener = socket::bind_private(&paths.dra)?;
     // Served even for a driver without health, though then not advertised: see
     // `HealthService`.
-    let health_service =
+    // One health service, both versions (v1 for 1.37 kubelets, v1alpha1 for 1.34-1.36).
+    let health_service = HealthService {
+        source: health,
+        resend_interval,
+        shutdown: shutdown.clone(),
+    };
+    let health_v1 =
+        crate::proto::health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+            health_service.clone(),
+        );
+    let health_v1alpha1 =
         crate::proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-            HealthService {
-                source: health,
-                resend_interval,
-                shutdown: shutdown.clone(),
-            },
+            health_service,
         );
     let dra_router = tonic::transport::Server::builder()
         .add_service(
             crate::proto::dra_v1::dra_plugin_server::DraPluginServer::new(DraV1 {
                 node: Arc::clone(node),
+                events: events.clone(),
             }),
         )
         .add_service(
             crate::proto::dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraV1beta1 {
                 node: Arc::clone(node),
+                events,
             }),
         )
         .add_service(grpc_health)
-        .add_service(health_service);
+        .add_service(health_v1)
+        .add_service(health_v1alpha1);
     let dra_socket = paths.dra.display().to_string();
     let token = shutdown.clone();
     tasks.spawn(async move {

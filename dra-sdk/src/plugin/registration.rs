@@ -29,10 +29,13 @@ pub(crate) const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 /// prefer them: kubelets 1.34+ take the first entry they know.
 pub(crate) const DRA_SERVICE_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 
-/// The resource-health streaming service; advertised only for drivers that report health.
-/// (Kubelet 1.36 opens the stream whether it is listed or not; the plugin answers those with
-/// a quiet stream.)
-pub(crate) const HEALTH_SERVICE_VERSION: &str = "v1alpha1.DRAResourceHealth";
+/// The resource-health streaming services, both served from the same device states and
+/// advertised only for drivers that report health. A 1.37 kubelet takes v1 when it is listed
+/// (and v1alpha1 when only that is); kubelets 1.34-1.36 know only v1alpha1 and skip the v1
+/// entry. (Kubelet 1.36 opens the v1alpha1 stream whether it is listed or not; the plugin
+/// answers those with a quiet stream.)
+pub(crate) const HEALTH_SERVICE_VERSIONS: [&str; 2] =
+    ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 
 /// What the kubelet last said about this plugin's registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,7 +132,7 @@ pub(crate) fn plugin_info(driver_name: &str, endpoint: &Path, with_health: bool)
         .map(|v| (*v).to_owned())
         .collect();
     if with_health {
-        supported_versions.push(HEALTH_SERVICE_VERSION.to_owned());
+        supported_versions.extend(HEALTH_SERVICE_VERSIONS.iter().map(|v| (*v).to_owned()));
     }
     PluginInfo {
         r#type: DRA_PLUGIN_TYPE.to_owned(),
@@ -244,6 +247,8 @@ mod tests {
             supported_versions: vec![
                 "v1.DRAPlugin".into(),
                 "v1beta1.DRAPlugin".into(),
+                // v1 first: a 1.37 kubelet takes it; 1.34-1.36 skip it and take v1alpha1.
+                "v1.DRAResourceHealth".into(),
                 "v1alpha1.DRAResourceHealth".into(),
             ],
         }

@@ -102,13 +102,20 @@ pub struct SliceLimits {
     pub max_string_length: usize,
     /// Whether the release knows list-typed attributes (1.36+).
     pub list_attributes: bool,
+    /// Whether the release knows the 1.37 device-model fields: `partitionTypeAttribute`,
+    /// `compatibilityGroups`, `nodeAllocatableResources` (in its 1.37 shape; 1.36's alpha
+    /// `nodeAllocatableResourceMappings` is not supported) and `skipNodeOperations`. All are
+    /// alpha in 1.37, so a 1.37 server may still drop them (reported as dropped fields).
+    pub device_model_1_37: bool,
+    /// Compatibility groups per counter consumption (1.37: 2).
+    pub max_compatibility_groups: usize,
 }
 
 impl SliceLimits {
-    /// The limits of Kubernetes 1.36 (also used for newer releases).
-    fn v1_36() -> Self {
+    /// The limits of Kubernetes 1.37 (also used for newer releases).
+    fn v1_37() -> Self {
         Self {
-            release: Some(KubernetesVersion::new(1, 36)),
+            release: Some(KubernetesVersion::new(1, 37)),
             max_devices_per_slice: 128,
             max_devices_per_slice_advanced: 64,
             counter_layout: CounterLayout::SeparateSlices,
@@ -125,18 +132,23 @@ impl SliceLimits {
             max_binding_conditions: 4,
             max_string_length: 64,
             list_attributes: true,
+            device_model_1_37: true,
+            max_compatibility_groups: 2,
         }
     }
 
-    /// The limits of a release. Releases before 1.34 get the 1.34 rules, releases after 1.36
-    /// the 1.36 rules.
+    /// The limits of a release. Releases before 1.34 get the 1.34 rules, releases after 1.37
+    /// the 1.37 rules.
     pub fn for_release(release: KubernetesVersion) -> Self {
-        let mut limits = Self::v1_36();
-        if release.major != 1 || release.minor >= 36 {
-            limits.release = Some(release);
+        let mut limits = Self::v1_37();
+        limits.release = Some(release);
+        if release.major != 1 || release.minor >= 37 {
             return limits;
         }
-        limits.release = Some(release);
+        limits.device_model_1_37 = false;
+        if release.minor >= 36 {
+            return limits;
+        }
         limits.list_attributes = false;
         limits.max_attribute_values = None;
         if release.minor <= 34 {
@@ -151,9 +163,10 @@ impl SliceLimits {
         limits
     }
 
-    /// The limits for an unknown release: every limit at its strictest across 1.34–1.36, the
+    /// The limits for an unknown release: every limit at its strictest across 1.34–1.37, the
     /// 1.35+ counter layout (partitionable devices are alpha before 1.35), and list-typed
-    /// attributes allowed (the server reports them as dropped if it does not know them).
+    /// attributes and the 1.37 device-model fields allowed (the server reports them as
+    /// dropped if it does not know them).
     pub fn strictest() -> Self {
         Self {
             release: None,
@@ -161,7 +174,7 @@ impl SliceLimits {
             max_consumed_counters_per_device: Some(32),
             max_consumed_counters_per_slice: Some(1024),
             max_taints_per_device: 4,
-            ..Self::v1_36()
+            ..Self::v1_37()
         }
     }
 
@@ -226,14 +239,25 @@ mod tests {
         assert_eq!(v135.counter_layout, CounterLayout::SeparateSlices);
         assert!(!v135.list_attributes);
 
+        let v136 = SliceLimits::for_release(KubernetesVersion::new(1, 36));
+        assert!(v136.list_attributes);
+        assert!(!v136.device_model_1_37);
+        assert!(!v135.device_model_1_37);
+
         let v137 = SliceLimits::for_release(KubernetesVersion::new(1, 37));
         assert_eq!(v137.max_attribute_values, Some(48));
         assert!(v137.list_attributes);
+        assert!(v137.device_model_1_37);
+        assert_eq!(v137.max_compatibility_groups, 2);
+        let v138 = SliceLimits::for_release(KubernetesVersion::new(1, 38));
+        assert!(v138.device_model_1_37);
+        assert_eq!(v138.release, Some(KubernetesVersion::new(1, 38)));
 
         let strict = SliceLimits::strictest();
         assert_eq!(strict.max_taints_per_device, 4);
         assert_eq!(strict.max_devices_per_slice_advanced, 64);
         assert_eq!(strict.max_counters_per_slice, Some(32));
         assert_eq!(strict.counter_layout, CounterLayout::SeparateSlices);
+        assert!(strict.device_model_1_37);
     }
 }

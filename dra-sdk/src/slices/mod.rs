@@ -20,6 +20,14 @@
 //!   `v1beta1` (1.32), chosen by API discovery; validation limits follow `/version`. Fields a
 //!   server drops because a feature gate is off are reported once
 //!   ([`PublishEvent::DroppedFields`]) and then left out, instead of rewriting forever.
+//!   Devices whose meaning depends on a dropped 1.37 field (compatibility groups, node-resource
+//!   mappings) are withheld instead
+//!   ([`FeatureGate::withholds_devices`](crate::advanced::slices::FeatureGate::withholds_devices)).
+//! * **Kubernetes 1.37 device model**: [`Pool::partition_type_attribute`],
+//!   [`Device::consumes_in_groups`], [`Device::node_allocatable`] and, for drivers without
+//!   node preparation,
+//!   [`skip_node_operations`](crate::advanced::slices::ResourceSlicePublisher::skip_node_operations)
+//!   (all alpha in 1.37; see `docs/slices.md`).
 //! * **Operability**: never blocks the caller ([`PublisherHandle::update`] is a non-blocking
 //!   "latest wins" hand-off), retries API errors with jittered exponential backoff, reports
 //!   progress and errors through [`ResourceSlicePublisher::subscribe`] (taken before it
@@ -105,8 +113,8 @@ pub(crate) mod wire;
 pub use dra_sdk_derive::DeviceAttributes;
 pub use model::{
     AttributeValue, CapacityRequestPolicy, CounterSet, Device, DeviceAttributes, DeviceCapacity,
-    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources, Pool,
-    PoolNodeSelection, Quantity, TaintEffect, ValidRequestValues,
+    DeviceCounterConsumption, DeviceNodeSelection, DeviceTaint, DriverResources,
+    NodeAllocatableResource, Pool, PoolNodeSelection, Quantity, TaintEffect, ValidRequestValues,
 };
 pub(crate) use publisher::SliceUpdater;
 pub(crate) use publisher::{PublishEvent, PublisherHandle, ResourceSlicePublisher};

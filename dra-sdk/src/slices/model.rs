@@ -84,6 +84,11 @@ pub struct Pool {
     /// Upper bound on devices per slice, below the server's own limit. `None` uses the
     /// publisher's default (see the module documentation).
     pub max_devices_per_slice: Option<usize>,
+    /// `partitionTypeAttribute` (Kubernetes 1.37 alpha, `DRAPartitionableDevicesType`): the
+    /// fully qualified name of a string attribute that labels each partitionable device (one
+    /// that [`consumes`](Device::consumes) counters) with its partition type, e.g.
+    /// `gpu.example.com/profile` = `"1g.10gb"`. See [`Pool::partition_type_attribute`].
+    pub partition_type_attribute: Option<String>,
 }
 
 impl Pool {
@@ -122,6 +127,32 @@ impl Pool {
     /// Caps the number of devices per slice.
     pub fn max_devices_per_slice(mut self, max: usize) -> Self {
         self.max_devices_per_slice = Some(max);
+        self
+    }
+
+    /// Names the attribute that carries each partitionable device's partition type
+    /// (`partitionTypeAttribute`, Kubernetes 1.37 alpha, feature gate
+    /// `DRAPartitionableDevicesType`). The resource pool status summarises a pool by it.
+    ///
+    /// The publisher writes it on every slice of the pool that holds a device consuming
+    /// counters (the API server refuses it on other slices). Validation asks what the API
+    /// documents: every device that consumes counters carries the attribute as a string, and
+    /// devices with the same value consume the same counters in the same amounts.
+    ///
+    /// ```
+    /// use dra_sdk::slices::{CounterSet, Device, Pool};
+    ///
+    /// let pool = Pool::new([
+    ///     Device::new("gpu-0-1g-0")
+    ///         .attribute("gpu.example.com/profile", "1g.10gb")
+    ///         .consumes("gpu-0", [("memory", "10Gi")]),
+    /// ])
+    /// .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+    /// .partition_type_attribute("gpu.example.com/profile");
+    /// assert!(pool.validate("node-1", &Default::default()).is_ok());
+    /// ```
+    pub fn partition_type_attribute(mut self, attribute: impl Into<String>) -> Self {
+        self.partition_type_attribute = Some(attribute.into());
         self
     }
 }
@@ -203,6 +234,10 @@ pub struct Device {
     /// charges a shared device's [`consumes`](Device::consumes) counters once, for its first
     /// allocation.
     pub allow_multiple_allocations: bool,
+    /// Node resources (`cpu`, `memory`, `ephemeral-storage`, `hugepages-<size>`) an
+    /// allocation of this device takes from the node (`nodeAllocatableResources`, Kubernetes
+    /// 1.37, feature gate `DRANodeAllocatableResources`). See [`Device::node_allocatable`].
+    pub node_allocatable_resources: BTreeMap<String, NodeAllocatableResource>,
 }
 
 impl Device {
@@ -255,6 +290,60 @@ impl Device {
     {
         self.consumes_counters
             .push(DeviceCounterConsumption::new(counter_set, counters));
+        self
+    }
+
+    /// Like [`Device::consumes`], with compatibility groups on that counter set
+    /// (`compatibilityGroups`, Kubernetes 1.37 alpha, `DRADeviceCompatibilityGroups`): devices
+    /// consuming from the same counter set are only allocated together when they share a
+    /// group. At most 2 groups, each a DNS label.
+    ///
+    /// ```
+    /// # use dra_sdk::slices::Device;
+    /// // MIG and a full-GPU device on the same GPU: never allocated together.
+    /// let mig = Device::new("gpu-0-1g-0").consumes_in_groups("gpu-0", [("memory", "10Gi")], ["mig"]);
+    /// let full = Device::new("gpu-0").consumes_in_groups("gpu-0", [("memory", "80Gi")], ["full"]);
+    /// assert_eq!(mig.consumes_counters[0].compatibility_groups, ["mig"]);
+    /// # let _ = full;
+    /// ```
+    pub fn consumes_in_groups<K, V, G>(
+        mut self,
+        counter_set: impl Into<String>,
+        counters: impl IntoIterator<Item = (K, V)>,
+        groups: impl IntoIterator<Item = G>,
+    ) -> Self
+    where
+        K: Into<String>,
+        V: Into<String>,
+        G: Into<String>,
+    {
+        self.consumes_counters.push(
+            DeviceCounterConsumption::new(counter_set, counters).compatibility_groups(groups),
+        );
+        self
+    }
+
+    /// Declares what an allocation of this device takes from the node's allocatable
+    /// `resource` (`cpu`, `memory`, `ephemeral-storage` or `hugepages-<size>`; extended
+    /// resources are refused), so that the scheduler and kubelet account for it.
+    ///
+    /// ```
+    /// use dra_sdk::slices::{Device, DeviceCapacity, NodeAllocatableResource};
+    ///
+    /// // A GPU that pins 2Gi of host memory per pod using it.
+    /// let gpu = Device::new("gpu-0")
+    ///     .node_allocatable("memory", NodeAllocatableResource::overhead_only().per_pod("2Gi"));
+    /// // A CPU driver's core complex: 8 CPUs per allocated device.
+    /// let ccx = Device::new("ccx-0").node_allocatable("cpu", NodeAllocatableResource::per_device("8"));
+    /// assert_eq!(gpu.node_allocatable_resources.len() + ccx.node_allocatable_resources.len(), 2);
+    /// ```
+    pub fn node_allocatable(
+        mut self,
+        resource: impl Into<String>,
+        allocatable: NodeAllocatableResource,
+    ) -> Self {
+        self.node_allocatable_resources
+            .insert(resource.into(), allocatable);
         self
     }
 
@@ -550,6 +639,11 @@ pub struct DeviceCounterConsumption {
     pub counter_set: String,
     /// Consumed amount per counter of that set.
     pub counters: BTreeMap<String, Quantity>,
+    /// Compatibility groups on this counter set (Kubernetes 1.37 alpha,
+    /// `DRADeviceCompatibilityGroups`): devices consuming from the same set are co-allocated
+    /// only if all of them share a group; devices without groups only with each other. At
+    /// most 2, unique, DNS labels.
+    pub compatibility_groups: Vec<String>,
 }
 
 impl DeviceCounterConsumption {
@@ -564,7 +658,91 @@ impl DeviceCounterConsumption {
                 .into_iter()
                 .map(|(k, v)| (k.into(), Quantity(v.into())))
                 .collect(),
+            compatibility_groups: Vec::new(),
         }
+    }
+
+    /// Sets the compatibility groups (see
+    /// [`compatibility_groups`](DeviceCounterConsumption#structfield.compatibility_groups)).
+    pub fn compatibility_groups(
+        mut self,
+        groups: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        self.compatibility_groups = groups.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+/// What an allocation of a device takes from one node-allocatable resource
+/// (`nodeAllocatableResources`, Kubernetes 1.37, feature gate `DRANodeAllocatableResources`).
+///
+/// Two independent parts, at least one of them set:
+///
+/// * a **mapping**, for a device that *is* a node resource (a CPU driver's cores): either
+///   [`per_device`](NodeAllocatableResource::per_device) (allocated devices × multiplier) or
+///   [`per_capacity`](NodeAllocatableResource::per_capacity) (consumed capacity × multiplier),
+///   never both. The scheduler does not share claims with a mapping between pods.
+/// * an **overhead**, for a device that needs some of a node resource
+///   ([`per_pod`](NodeAllocatableResource::per_pod) and/or
+///   [`per_container`](NodeAllocatableResource::per_container)).
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct NodeAllocatableResource {
+    /// `mapping.deviceMultiplier`: amount per allocated device (positive).
+    pub device_multiplier: Option<Quantity>,
+    /// `mapping.capacityKey`: a key of the device's capacity whose consumed amount is
+    /// multiplied.
+    pub capacity_key: Option<String>,
+    /// `mapping.capacityMultiplier`: multiplier of the consumed capacity (positive).
+    pub capacity_multiplier: Option<Quantity>,
+    /// `overhead.perPod`: amount per pod referencing the claim (not negative).
+    pub per_pod: Option<Quantity>,
+    /// `overhead.perContainer`: amount per container referencing the claim (not negative).
+    pub per_container: Option<Quantity>,
+}
+
+impl NodeAllocatableResource {
+    /// A mapping of `multiplier` per allocated device.
+    pub fn per_device(multiplier: impl Into<String>) -> Self {
+        Self {
+            device_multiplier: Some(Quantity(multiplier.into())),
+            ..Self::default()
+        }
+    }
+
+    /// A mapping of the consumed amount of the device's capacity `capacity_key`, times
+    /// `multiplier`.
+    pub fn per_capacity(capacity_key: impl Into<String>, multiplier: impl Into<String>) -> Self {
+        Self {
+            capacity_key: Some(capacity_key.into()),
+            capacity_multiplier: Some(Quantity(multiplier.into())),
+            ..Self::default()
+        }
+    }
+
+    /// No mapping: add an overhead with [`per_pod`](Self::per_pod) or
+    /// [`per_container`](Self::per_container).
+    pub fn overhead_only() -> Self {
+        Self::default()
+    }
+
+    /// Sets the overhead per pod referencing the claim.
+    pub fn per_pod(mut self, amount: impl Into<String>) -> Self {
+        self.per_pod = Some(Quantity(amount.into()));
+        self
+    }
+
+    /// Sets the overhead per container referencing the claim.
+    pub fn per_container(mut self, amount: impl Into<String>) -> Self {
+        self.per_container = Some(Quantity(amount.into()));
+        self
+    }
+
+    /// Whether a mapping part is set (the device models the node resource itself).
+    pub(crate) fn has_mapping(&self) -> bool {
+        self.device_multiplier.is_some()
+            || self.capacity_key.is_some()
+            || self.capacity_multiplier.is_some()
     }
 }
 

@@ -42,6 +42,8 @@ pub(crate) struct PlanContext<'a> {
     pub(crate) limits: &'a SliceLimits,
     /// Feature gates the server was seen to have disabled.
     pub(crate) disabled: &'a BTreeSet<FeatureGate>,
+    /// Whether slices with devices carry `skipNodeOperations`.
+    pub(crate) skip_node_operations: bool,
 }
 
 /// A slice to delete, with the preconditions that protect a newer version of it.
@@ -179,7 +181,10 @@ pub(crate) fn plan_prepared(
 }
 
 fn validate_pool(ctx: &PlanContext<'_>, name: &str, pool: &Pool) -> Result<(), ValidationErrors> {
-    let mut errors = pool.validate(name, ctx.limits).err().unwrap_or_default();
+    let mut errors = pool
+        .validate_for(name, ctx.limits, Some(ctx.driver))
+        .err()
+        .unwrap_or_default();
     let scope_problem = match (ctx.node.is_some(), &pool.node_selection) {
         (true, PoolNodeSelection::Local) => None,
         (true, _) => Some(
@@ -292,6 +297,13 @@ fn desired_slice(
                 .collect(),
         );
     }
+    // skipNodeOperations only where the server's release knows it (unknown: try, and learn
+    // from a dropped field); partitionTypeAttribute is refused by validation elsewhere.
+    wire::set_slice_fields(
+        &mut spec,
+        pool.partition_type_attribute.as_deref(),
+        ctx.skip_node_operations && ctx.limits.device_model_1_37,
+    );
     wire::strip_features(&mut spec, ctx.disabled);
     api::ResourceSlice {
         metadata: ObjectMeta {
@@ -522,6 +534,7 @@ mod tests {
                 owner: Some(&self.owner),
                 limits: &self.limits,
                 disabled: &self.disabled,
+                skip_node_operations: false,
             };
             plan(&ctx, desired, &self.observed, &self.memory)
         }
@@ -746,6 +759,7 @@ mod tests {
             owner: None,
             limits: &limits,
             disabled: &disabled,
+            skip_node_operations: false,
         };
         let desired = DriverResources::new()
             .with_pool(

@@ -11,7 +11,7 @@ use std::fmt;
 use super::limits::{CounterLayout, KubernetesVersion, SliceLimits};
 use super::model::{
     AttributeValue, CapacityRequestPolicy, Device, DeviceNodeSelection, DriverResources,
-    NodeSelector, Pool, PoolNodeSelection, Quantity, ValidRequestValues,
+    NodeAllocatableResource, NodeSelector, Pool, PoolNodeSelection, Quantity, ValidRequestValues,
 };
 use crate::k8s::{names, quantity};
 
@@ -109,6 +109,17 @@ pub enum Problem {
         needs: KubernetesVersion,
         /// The server's release.
         server: KubernetesVersion,
+    },
+    /// Two devices with the same partition type consume different counters
+    /// (`partitionTypeAttribute`: devices sharing a value must share the same cost).
+    #[error(
+        "consumes other counters than device {other_device:?}, which has the same partition type {partition_type:?}"
+    )]
+    PartitionCostMismatch {
+        /// The partition type both devices carry.
+        partition_type: String,
+        /// The first device with that partition type.
+        other_device: String,
     },
     /// The application's `k8s-openapi` version feature predates the field.
     #[error(
@@ -216,9 +227,21 @@ impl DriverResources {
 impl Pool {
     /// Checks one pool (named `name`) against the limits of a release.
     pub fn validate(&self, name: &str, limits: &SliceLimits) -> Result<(), ValidationErrors> {
+        self.validate_for(name, limits, None)
+    }
+
+    /// [`Pool::validate`] knowing the driver, which decides whether a bare attribute name
+    /// (implicitly in the driver's domain) matches the pool's `partitionTypeAttribute`.
+    pub(crate) fn validate_for(
+        &self,
+        name: &str,
+        limits: &SliceLimits,
+        driver: Option<&str>,
+    ) -> Result<(), ValidationErrors> {
         let mut v = Validator {
             limits,
             pool: name,
+            driver,
             errors: ValidationErrors::default(),
         };
         v.pool(self);
@@ -230,6 +253,8 @@ impl Pool {
 struct Validator<'a> {
     limits: &'a SliceLimits,
     pool: &'a str,
+    /// The publishing driver, when known (bare attribute names are in its domain).
+    driver: Option<&'a str>,
     errors: ValidationErrors,
 }
 
@@ -242,6 +267,40 @@ fn release_note(limits: &SliceLimits) -> String {
 }
 
 const LIST_ATTRIBUTES_RELEASE: KubernetesVersion = KubernetesVersion::new(1, 36);
+
+/// First release with `partitionTypeAttribute`, `compatibilityGroups`, the 1.37 shape of
+/// `nodeAllocatableResources` and `skipNodeOperations`.
+pub(crate) const DEVICE_MODEL_RELEASE: KubernetesVersion = KubernetesVersion::new(1, 37);
+
+/// Node-allocatable resources a device may declare: those a Node reports in
+/// `status.allocatable` that are not extended resources (API doc of
+/// `Device.nodeAllocatableResources`). `pods` is left out: no device can stand for pod slots.
+fn node_allocatable_name(name: &str) -> Result<(), &'static str> {
+    match name {
+        "cpu" | "memory" | "ephemeral-storage" => Ok(()),
+        _ => match name.strip_prefix("hugepages-") {
+            Some(size) if quantity::is_valid(size) => Ok(()),
+            Some(_) => Err("hugepages-<size> needs a quantity as size, e.g. hugepages-2Mi"),
+            None => Err(
+                "must be cpu, memory, ephemeral-storage or hugepages-<size>; extended resources are not allowed",
+            ),
+        },
+    }
+}
+
+/// What a partitionable device consumes: per consumption entry, its counters and canonical
+/// amounts (sorted), without the counter-set name.
+type PartitionCost<'a> = Vec<Vec<(&'a str, String)>>;
+
+/// A qualified name with its domain (`gpu.example.com/profile`).
+fn fully_qualified_name(name: &str) -> Result<(), &'static str> {
+    names::qualified_name(name)?;
+    if name.contains('/') {
+        Ok(())
+    } else {
+        Err("needs a domain: <domain>/<name>, e.g. gpu.example.com/profile")
+    }
+}
 
 /// Most entries of a capacity request policy's `validValues`.
 const MAX_VALID_REQUEST_VALUES: usize = 10;
@@ -256,6 +315,31 @@ impl Validator<'_> {
             },
             problem,
         });
+    }
+
+    /// Refuses a 1.37 field when the compiled API or the server's release lacks it.
+    fn needs_1_37(&mut self, device: Option<&str>, field: &str) {
+        if !super::wire::DEVICE_MODEL_1_37_COMPILED {
+            self.push(
+                device,
+                field,
+                Problem::NotCompiledIn {
+                    needs: DEVICE_MODEL_RELEASE,
+                },
+            );
+        }
+        if let Some(server) = self.limits.release
+            && !self.limits.device_model_1_37
+        {
+            self.push(
+                device,
+                field,
+                Problem::NeedsRelease {
+                    needs: DEVICE_MODEL_RELEASE,
+                    server,
+                },
+            );
+        }
     }
 
     fn rule(
@@ -445,6 +529,9 @@ impl Validator<'_> {
                     .sum::<usize>();
             }
         }
+        if let Some(attribute) = &pool.partition_type_attribute {
+            self.partition_type(pool, attribute);
+        }
         if with_devices && !pool.shared_counters.is_empty() {
             // 1.34 keeps counter sets and their consumers in one slice.
             self.count(
@@ -588,6 +675,11 @@ impl Validator<'_> {
                 self.quantity(d, format!("{counter_field}.value"), value);
             }
         }
+        for consumption in &device.consumes_counters {
+            let field = format!("consumesCounters[{:?}]", consumption.counter_set);
+            self.compatibility_groups(d, &field, &consumption.compatibility_groups);
+        }
+        self.node_allocatable(device);
         if let Some(max) = limits.max_consumed_counters_per_device {
             self.count(
                 d,
@@ -723,6 +815,260 @@ impl Validator<'_> {
                     );
                 }
             }
+        }
+    }
+
+    /// `partitionTypeAttribute`: a fully qualified name; every device that consumes counters
+    /// carries it as a string (kube-apiserver 1.37 `validatePartitionTypeAttribute`), and
+    /// devices with the same value consume the same counters in the same amounts (the API
+    /// doc; the server does not check this, the pool status controller relies on it).
+    fn partition_type(&mut self, pool: &Pool, attribute: &str) {
+        const FIELD: &str = "partitionTypeAttribute";
+        self.needs_1_37(None, FIELD);
+        self.rule(
+            None,
+            FIELD,
+            attribute,
+            "fully qualified attribute name",
+            fully_qualified_name,
+        );
+        if fully_qualified_name(attribute).is_err() {
+            // No device can carry a malformed name; one error says it all.
+            return;
+        }
+        // The bare spelling of the name, when it may be in the driver's domain.
+        let bare = attribute.split_once('/').and_then(|(domain, bare)| {
+            self.driver
+                .is_none_or(|driver| driver == domain)
+                .then_some(bare)
+        });
+        // First device of each partition type, with its cost.
+        let mut first: BTreeMap<&str, (&str, PartitionCost<'_>)> = BTreeMap::new();
+        for device in pool
+            .devices
+            .iter()
+            .filter(|d| !d.consumes_counters.is_empty())
+        {
+            let d = Some(device.name.as_str());
+            let field = format!("attributes[{attribute:?}]");
+            let value = device
+                .attributes
+                .get(attribute)
+                .or_else(|| bare.and_then(|bare| device.attributes.get(bare)));
+            let partition_type = match value {
+                Some(AttributeValue::String(value)) => value.as_str(),
+                Some(_) => {
+                    self.push(
+                        d,
+                        field,
+                        Problem::Inconsistent(
+                            "must be a string: the pool's partitionTypeAttribute names this attribute",
+                        ),
+                    );
+                    continue;
+                }
+                None => {
+                    self.push(
+                        d,
+                        field,
+                        Problem::Inconsistent(
+                            "is required: the device consumes counters and the pool's partitionTypeAttribute names this attribute",
+                        ),
+                    );
+                    continue;
+                }
+            };
+            // The cost: each consumption's counters and canonical amounts; counter-set names
+            // differ between partitions of different GPUs of the same type, so they are not
+            // part of it.
+            let mut cost: PartitionCost<'_> = device
+                .consumes_counters
+                .iter()
+                .map(|c| {
+                    c.counters
+                        .iter()
+                        .map(|(name, q)| (name.as_str(), quantity::canonical(&q.0)))
+                        .collect()
+                })
+                .collect();
+            cost.sort();
+            match first.get(partition_type) {
+                None => {
+                    first.insert(partition_type, (device.name.as_str(), cost));
+                }
+                Some((other, other_cost)) if *other_cost != cost => {
+                    let problem = Problem::PartitionCostMismatch {
+                        partition_type: partition_type.to_owned(),
+                        other_device: (*other).to_owned(),
+                    };
+                    self.push(d, "consumesCounters", problem);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// `compatibilityGroups` of one counter consumption: at most 2, unique, DNS labels
+    /// (`+k8s:maxItems=2`, `+k8s:unique=set`, `+k8s:eachVal=+k8s:format=k8s-short-name`).
+    fn compatibility_groups(&mut self, d: Option<&str>, field: &str, groups: &[String]) {
+        if groups.is_empty() {
+            return;
+        }
+        let field = format!("{field}.compatibilityGroups");
+        self.needs_1_37(d, &field);
+        self.count(
+            d,
+            &field,
+            groups.len(),
+            self.limits.max_compatibility_groups,
+            "compatibility groups",
+            false,
+        );
+        let mut seen = BTreeSet::new();
+        for group in groups {
+            self.rule(
+                d,
+                format!("{field}[{group:?}]"),
+                group,
+                "compatibility group (DNS label)",
+                names::dns_label,
+            );
+            if !seen.insert(group.as_str()) {
+                self.push(
+                    d,
+                    &field,
+                    Problem::Duplicate {
+                        name: group.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// `nodeAllocatableResources`, as kube-apiserver 1.37 `validateNodeAllocatableResources`
+    /// and the field's declarative tags check it.
+    fn node_allocatable(&mut self, device: &Device) {
+        if device.node_allocatable_resources.is_empty() {
+            return;
+        }
+        let d = Some(device.name.as_str());
+        self.needs_1_37(d, "nodeAllocatableResources");
+        for (name, resource) in &device.node_allocatable_resources {
+            let field = format!("nodeAllocatableResources[{name:?}]");
+            self.rule(
+                d,
+                &field,
+                name,
+                "node allocatable resource name",
+                node_allocatable_name,
+            );
+            self.node_allocatable_resource(device, &field, resource);
+        }
+    }
+
+    fn node_allocatable_resource(
+        &mut self,
+        device: &Device,
+        field: &str,
+        resource: &NodeAllocatableResource,
+    ) {
+        let d = Some(device.name.as_str());
+        let has_overhead = resource.per_pod.is_some() || resource.per_container.is_some();
+        if !resource.has_mapping() && !has_overhead {
+            self.push(
+                d,
+                field,
+                Problem::Inconsistent(
+                    "needs a mapping (deviceMultiplier, or capacityKey with capacityMultiplier) or an overhead (perPod, perContainer)",
+                ),
+            );
+            return;
+        }
+        // Quantities that must be positive (multipliers) or not negative (overheads).
+        let amount = |v: &mut Self, field: String, q: &Quantity, positive: bool| {
+            v.quantity(d, &field, q);
+            let Some(nanos) = quantity::nanos(&q.0) else {
+                return;
+            };
+            let reason = if positive && nanos <= 0 {
+                "must be positive"
+            } else if nanos < 0 {
+                "must not be negative"
+            } else {
+                return;
+            };
+            v.push(
+                d,
+                field,
+                Problem::Invalid {
+                    value: q.0.clone(),
+                    rule: "quantity",
+                    reason,
+                },
+            );
+        };
+        let mapping = format!("{field}.mapping");
+        if resource.device_multiplier.is_some() && resource.capacity_key.is_some() {
+            self.push(
+                d,
+                &mapping,
+                Problem::Inconsistent(
+                    "deviceMultiplier and capacityKey are mutually exclusive: a mapping counts devices or consumed capacity",
+                ),
+            );
+        }
+        if let Some(multiplier) = &resource.device_multiplier {
+            amount(
+                self,
+                format!("{mapping}.deviceMultiplier"),
+                multiplier,
+                true,
+            );
+        }
+        match (&resource.capacity_key, &resource.capacity_multiplier) {
+            (Some(key), multiplier) => {
+                if !device.capacity.contains_key(key) {
+                    self.push(
+                        d,
+                        format!("{mapping}.capacityKey"),
+                        Problem::Invalid {
+                            value: key.clone(),
+                            rule: "capacity key",
+                            reason: "is not a capacity of this device",
+                        },
+                    );
+                }
+                match multiplier {
+                    Some(multiplier) => amount(
+                        self,
+                        format!("{mapping}.capacityMultiplier"),
+                        multiplier,
+                        true,
+                    ),
+                    None => self.push(
+                        d,
+                        format!("{mapping}.capacityMultiplier"),
+                        Problem::Inconsistent("is required when capacityKey is set"),
+                    ),
+                }
+            }
+            (None, Some(_)) => self.push(
+                d,
+                format!("{mapping}.capacityKey"),
+                Problem::Inconsistent("is required when capacityMultiplier is set"),
+            ),
+            (None, None) => {}
+        }
+        if let Some(per_pod) = &resource.per_pod {
+            amount(self, format!("{field}.overhead.perPod"), per_pod, false);
+        }
+        if let Some(per_container) = &resource.per_container {
+            amount(
+                self,
+                format!("{field}.overhead.perContainer"),
+                per_container,
+                false,
+            );
         }
     }
 
@@ -1205,5 +1551,268 @@ mod tests {
                 r#"pool "pool-a", sharedCounters: has 40 counters across all counter sets; at most 32 are allowed on Kubernetes 1.34"#
             ]
         );
+    }
+
+    fn mig_pool() -> Pool {
+        let part = |name: &str, profile: &str, memory: &str| {
+            Device::new(name)
+                .attribute("gpu.example.com/profile", profile)
+                .consumes("gpu-0", [("memory", memory)])
+        };
+        Pool::new([
+            part("gpu-0-1g-0", "1g.10gb", "10Gi"),
+            part("gpu-0-1g-1", "1g.10gb", "10240Mi"),
+            part("gpu-0-full", "7g.80gb", "80Gi"),
+            Device::new("nic-0"),
+        ])
+        .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+        .partition_type_attribute("gpu.example.com/profile")
+    }
+
+    #[test]
+    fn partition_type_attribute_is_checked_per_device() {
+        let v137 = SliceLimits::for_release(KubernetesVersion::new(1, 37));
+        let pool = mig_pool();
+        if !super::super::wire::DEVICE_MODEL_1_37_COMPILED {
+            return;
+        }
+        assert_eq!(problems(&pool, &v137), Vec::<String>::new());
+
+        // Missing, not a string, a different cost for the same type, a bad name.
+        let mut bad = pool.clone();
+        bad.devices[0].attributes.clear();
+        bad.devices[1] = bad.devices[1]
+            .clone()
+            .attribute("gpu.example.com/profile", 7);
+        bad.devices.push(
+            Device::new("gpu-0-1g-2")
+                .attribute("gpu.example.com/profile", "1g.10gb")
+                .consumes("gpu-0", [("memory", "20Gi")]),
+        );
+        bad.devices.push(
+            Device::new("gpu-0-1g-3")
+                .attribute("gpu.example.com/profile", "1g.10gb")
+                .consumes("gpu-0", [("memory", "10Gi")]),
+        );
+        assert_eq!(
+            problems(&bad, &v137),
+            [
+                r#"pool "pool-a", device "gpu-0-1g-0", attributes["gpu.example.com/profile"]: is required: the device consumes counters and the pool's partitionTypeAttribute names this attribute"#,
+                r#"pool "pool-a", device "gpu-0-1g-1", attributes["gpu.example.com/profile"]: must be a string: the pool's partitionTypeAttribute names this attribute"#,
+                r#"pool "pool-a", device "gpu-0-1g-3", consumesCounters: consumes other counters than device "gpu-0-1g-2", which has the same partition type "1g.10gb""#,
+            ]
+        );
+
+        let unqualified = mig_pool().partition_type_attribute("profile");
+        let errors = problems(&unqualified, &v137);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].starts_with(r#"pool "pool-a", partitionTypeAttribute: "profile" is not a valid fully qualified attribute name"#),
+            "{errors:?}"
+        );
+    }
+
+    #[test]
+    fn partition_type_attribute_accepts_a_bare_name_in_the_driver_domain() {
+        if !super::super::wire::DEVICE_MODEL_1_37_COMPILED {
+            return;
+        }
+        let limits = SliceLimits::for_release(KubernetesVersion::new(1, 37));
+        let pool = Pool::new([Device::new("p")
+            .attribute("profile", "1g")
+            .consumes("gpu-0", [("memory", "10Gi")])])
+        .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+        .partition_type_attribute("gpu.example.com/profile");
+        assert!(
+            pool.validate_for("p", &limits, Some("gpu.example.com"))
+                .is_ok()
+        );
+        let other = pool.validate_for("p", &limits, Some("other.example.com"));
+        assert!(other.is_err());
+    }
+
+    #[test]
+    fn the_1_37_fields_need_1_37() {
+        let v136 = SliceLimits::for_release(KubernetesVersion::new(1, 36));
+        let pool = Pool::new([Device::new("p")
+            .attribute("gpu.example.com/profile", "1g")
+            .consumes_in_groups("gpu-0", [("memory", "10Gi")], ["mig"])
+            .node_allocatable(
+                "memory",
+                NodeAllocatableResource::overhead_only().per_pod("1Gi"),
+            )])
+        .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+        .partition_type_attribute("gpu.example.com/profile");
+        let errors = problems(&pool, &v136);
+        let fields: Vec<&str> = errors
+            .iter()
+            .filter(|e| e.contains("needs Kubernetes 1.37 or newer; the server runs 1.36"))
+            .map(|e| e.split(": ").next().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                r#"pool "pool-a", device "p", consumesCounters["gpu-0"].compatibilityGroups"#,
+                r#"pool "pool-a", device "p", nodeAllocatableResources"#,
+                r#"pool "pool-a", partitionTypeAttribute"#,
+            ],
+            "{errors:?}"
+        );
+        if super::super::wire::DEVICE_MODEL_1_37_COMPILED {
+            assert!(problems(&pool, &SliceLimits::strictest()).is_empty());
+        } else {
+            assert!(errors.iter().any(|e| e.contains("k8s-openapi")));
+        }
+    }
+
+    #[test]
+    fn compatibility_groups_rules() {
+        if !super::super::wire::DEVICE_MODEL_1_37_COMPILED {
+            return;
+        }
+        let limits = SliceLimits::for_release(KubernetesVersion::new(1, 37));
+        let pool = |groups: &[&str]| {
+            Pool::new([Device::new("p").consumes_in_groups(
+                "gpu-0",
+                [("memory", "10Gi")],
+                groups.iter().copied(),
+            )])
+            .counter_set(CounterSet::new("gpu-0", [("memory", "80Gi")]))
+        };
+        assert!(problems(&pool(&["mig", "mps"]), &limits).is_empty());
+        assert_eq!(
+            problems(&pool(&["a", "b", "c"]), &limits),
+            [
+                r#"pool "pool-a", device "p", consumesCounters["gpu-0"].compatibilityGroups: has 3 compatibility groups; at most 2 are allowed"#
+            ]
+        );
+        assert_eq!(
+            problems(&pool(&["mig", "mig"]), &limits),
+            [
+                r#"pool "pool-a", device "p", consumesCounters["gpu-0"].compatibilityGroups: "mig" is used more than once"#
+            ]
+        );
+        let bad = problems(&pool(&["MIG_1"]), &limits);
+        assert_eq!(bad.len(), 1);
+        assert!(bad[0].starts_with(
+            r#"pool "pool-a", device "p", consumesCounters["gpu-0"].compatibilityGroups["MIG_1"]: "MIG_1" is not a valid compatibility group (DNS label)"#
+        ));
+    }
+
+    #[test]
+    fn node_allocatable_resources_rules() {
+        if !super::super::wire::DEVICE_MODEL_1_37_COMPILED {
+            return;
+        }
+        let limits = SliceLimits::for_release(KubernetesVersion::new(1, 37));
+        let device = |name: &str, resource: NodeAllocatableResource| {
+            Device::new("d")
+                .capacity("cores", DeviceCapacity::new("8"))
+                .node_allocatable(name, resource)
+        };
+        let check = |d: Device| problems(&Pool::new([d]), &limits);
+        for good in [
+            device("cpu", NodeAllocatableResource::per_device("8")),
+            device("cpu", NodeAllocatableResource::per_capacity("cores", "2")),
+            device(
+                "memory",
+                NodeAllocatableResource::overhead_only()
+                    .per_pod("1Gi")
+                    .per_container("0"),
+            ),
+            device(
+                "hugepages-2Mi",
+                NodeAllocatableResource::per_device("1Gi").per_pod("2Mi"),
+            ),
+            device(
+                "ephemeral-storage",
+                NodeAllocatableResource::overhead_only().per_container("1Gi"),
+            ),
+        ] {
+            assert_eq!(check(good), Vec::<String>::new());
+        }
+        let prefix = r#"pool "pool-a", device "d", nodeAllocatableResources"#;
+        let cases: Vec<(Device, String)> = vec![
+            (
+                device("example.com/foo", NodeAllocatableResource::per_device("1")),
+                format!(
+                    r#"{prefix}["example.com/foo"]: "example.com/foo" is not a valid node allocatable resource name: must be cpu, memory, ephemeral-storage or hugepages-<size>; extended resources are not allowed"#
+                ),
+            ),
+            (
+                device("cpu", NodeAllocatableResource::overhead_only()),
+                format!(
+                    r#"{prefix}["cpu"]: needs a mapping (deviceMultiplier, or capacityKey with capacityMultiplier) or an overhead (perPod, perContainer)"#
+                ),
+            ),
+            (
+                device("cpu", {
+                    let mut r = NodeAllocatableResource::per_device("1");
+                    r.capacity_key = Some("cores".into());
+                    r.capacity_multiplier = Some(Quantity("1".into()));
+                    r
+                }),
+                format!(
+                    r#"{prefix}["cpu"].mapping: deviceMultiplier and capacityKey are mutually exclusive: a mapping counts devices or consumed capacity"#
+                ),
+            ),
+            (
+                device("cpu", NodeAllocatableResource::per_capacity("threads", "1")),
+                format!(
+                    r#"{prefix}["cpu"].mapping.capacityKey: "threads" is not a valid capacity key: is not a capacity of this device"#
+                ),
+            ),
+            (
+                device("cpu", NodeAllocatableResource::per_device("0")),
+                format!(
+                    r#"{prefix}["cpu"].mapping.deviceMultiplier: "0" is not a valid quantity: must be positive"#
+                ),
+            ),
+            (
+                device(
+                    "cpu",
+                    NodeAllocatableResource {
+                        capacity_key: Some("cores".into()),
+                        ..NodeAllocatableResource::default()
+                    },
+                ),
+                format!(
+                    r#"{prefix}["cpu"].mapping.capacityMultiplier: is required when capacityKey is set"#
+                ),
+            ),
+            (
+                device(
+                    "cpu",
+                    NodeAllocatableResource {
+                        capacity_multiplier: Some(Quantity("2".into())),
+                        ..NodeAllocatableResource::default()
+                    },
+                ),
+                format!(
+                    r#"{prefix}["cpu"].mapping.capacityKey: is required when capacityMultiplier is set"#
+                ),
+            ),
+            (
+                device(
+                    "memory",
+                    NodeAllocatableResource::overhead_only().per_pod("-1Gi"),
+                ),
+                format!(
+                    r#"{prefix}["memory"].overhead.perPod: "-1Gi" is not a valid quantity: must not be negative"#
+                ),
+            ),
+            (
+                device(
+                    "memory",
+                    NodeAllocatableResource::overhead_only().per_container("lots"),
+                ),
+                format!(
+                    r#"{prefix}["memory"].overhead.perContainer: "lots" is not a valid quantity: must look like 10, 1.5, 100m, 80Gi or 1e3"#
+                ),
+            ),
+        ];
+        for (device, expected) in cases {
+            assert_eq!(check(device), [expected]);
+        }
     }
 }

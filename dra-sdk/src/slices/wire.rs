@@ -32,6 +32,19 @@ k8s_openapi::k8s_if_le_1_35! {
     pub(crate) const LIST_ATTRIBUTES_COMPILED: bool = false;
 }
 
+k8s_openapi::k8s_if_ge_1_37! {
+    /// Whether the application's k8s-openapi version feature has the 1.37 device-model
+    /// fields (`partitionTypeAttribute`, `compatibilityGroups`, `nodeAllocatableResources`,
+    /// `skipNodeOperations`).
+    pub(crate) const DEVICE_MODEL_1_37_COMPILED: bool = true;
+}
+k8s_openapi::k8s_if_le_1_36! {
+    /// Whether the application's k8s-openapi version feature has the 1.37 device-model
+    /// fields (`partitionTypeAttribute`, `compatibilityGroups`, `nodeAllocatableResources`,
+    /// `skipNodeOperations`).
+    pub(crate) const DEVICE_MODEL_1_37_COMPILED: bool = false;
+}
+
 /// The `resource.k8s.io` version a publisher reads and writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ResourceApiVersion {
@@ -240,7 +253,210 @@ pub(crate) fn device_to_api(device: &Device) -> api::Device {
     if device.allow_multiple_allocations {
         out.allow_multiple_allocations = Some(true);
     }
+    // Validation rejects these when the compiled API lacks them.
+    set_device_fields_1_37(&mut out, device);
     out
+}
+
+k8s_openapi::k8s_if_ge_1_37! {
+    /// The `skipNodeOperations` a driver without node preparation publishes: both operations
+    /// by name rather than `"*"`. `"*"` also skips operations later releases add, and this
+    /// driver still runs a kubelet plugin that may serve them; naming the two states exactly
+    /// what it does not need (the API requires `NodeUnprepareResources` with
+    /// `NodePrepareResources`).
+    pub(crate) const SKIPPED_NODE_OPERATIONS: [&str; 2] =
+        ["NodePrepareResources", "NodeUnprepareResources"];
+
+    fn set_device_fields_1_37(out: &mut api::Device, device: &Device) {
+        if device.node_allocatable_resources.is_empty() {
+            return;
+        }
+        out.node_allocatable_resources = Some(
+            device
+                .node_allocatable_resources
+                .iter()
+                .map(|(name, resource)| {
+                    let mapping = resource.has_mapping().then(|| api::NodeAllocatableMapping {
+                        capacity_key: resource.capacity_key.clone(),
+                        capacity_multiplier: resource.capacity_multiplier.clone(),
+                        device_multiplier: resource.device_multiplier.clone(),
+                    });
+                    let overhead = (resource.per_pod.is_some() || resource.per_container.is_some())
+                        .then(|| api::NodeAllocatableOverhead {
+                            per_container: resource.per_container.clone(),
+                            per_pod: resource.per_pod.clone(),
+                        });
+                    (name.clone(), api::NodeAllocatableResource { mapping, overhead })
+                })
+                .collect(),
+        );
+    }
+
+    fn set_compatibility_groups(out: &mut api::DeviceCounterConsumption, groups: &[String]) {
+        if !groups.is_empty() {
+            out.compatibility_groups = Some(groups.to_vec());
+        }
+    }
+
+    /// Sets the slice-level 1.37 fields: `partitionTypeAttribute` where a device of the slice
+    /// consumes counters (the server refuses it elsewhere), and `skipNodeOperations` on
+    /// slices with devices.
+    pub(crate) fn set_slice_fields(
+        spec: &mut api::ResourceSliceSpec,
+        partition_type_attribute: Option<&str>,
+        skip_node_operations: bool,
+    ) {
+        let consumes = spec
+            .devices
+            .iter()
+            .flatten()
+            .any(|d| present(&d.consumes_counters));
+        if consumes {
+            spec.partition_type_attribute = partition_type_attribute.map(str::to_owned);
+        }
+        if skip_node_operations && present(&spec.devices) {
+            spec.skip_node_operations =
+                Some(SKIPPED_NODE_OPERATIONS.iter().map(|&op| op.to_owned()).collect());
+        }
+    }
+
+    /// The 1.37 gates whose fields `stored` lacks although `sent` had them.
+    fn dropped_features_1_37(
+        sent: &api::ResourceSliceSpec,
+        stored: &api::ResourceSliceSpec,
+        dropped: &mut BTreeSet<FeatureGate>,
+    ) {
+        if sent.partition_type_attribute.is_some() && stored.partition_type_attribute.is_none() {
+            dropped.insert(FeatureGate::PartitionableDevicesType);
+        }
+        if present(&sent.skip_node_operations) && !present(&stored.skip_node_operations) {
+            dropped.insert(FeatureGate::OptionalNodeOperations);
+        }
+        let stored_devices: BTreeMap<&str, &api::Device> = stored
+            .devices
+            .iter()
+            .flatten()
+            .map(|d| (d.name.as_str(), d))
+            .collect();
+        for device in sent.devices.iter().flatten() {
+            let Some(stored) = stored_devices.get(device.name.as_str()) else {
+                continue;
+            };
+            if device.node_allocatable_resources.as_ref().is_some_and(|m| !m.is_empty())
+                && stored.node_allocatable_resources.as_ref().is_none_or(BTreeMap::is_empty)
+            {
+                dropped.insert(FeatureGate::NodeAllocatableResources);
+            }
+            // Groups dropped together with the whole consumption belong to
+            // DRAPartitionableDevices, detected by the caller.
+            let groups_dropped = device.consumes_counters.iter().flatten().any(|sent| {
+                present(&sent.compatibility_groups)
+                    && stored
+                        .consumes_counters
+                        .iter()
+                        .flatten()
+                        .find(|c| c.counter_set == sent.counter_set)
+                        .is_some_and(|c| !present(&c.compatibility_groups))
+            });
+            if groups_dropped {
+                dropped.insert(FeatureGate::DeviceCompatibilityGroups);
+            }
+        }
+    }
+
+    /// Removes the 1.37 fields of disabled gates. Devices whose meaning depends on a dropped
+    /// field are withheld (see [`FeatureGate::withholds_devices`]).
+    fn strip_features_1_37(spec: &mut api::ResourceSliceSpec, disabled: &BTreeSet<FeatureGate>) {
+        if disabled.contains(&FeatureGate::OptionalNodeOperations) {
+            spec.skip_node_operations = None;
+        }
+        if disabled.contains(&FeatureGate::DeviceCompatibilityGroups)
+            && let Some(devices) = &mut spec.devices
+        {
+            devices.retain(|d| {
+                !d.consumes_counters
+                    .iter()
+                    .flatten()
+                    .any(|c| present(&c.compatibility_groups))
+            });
+        }
+        if disabled.contains(&FeatureGate::NodeAllocatableResources)
+            && let Some(devices) = &mut spec.devices
+        {
+            devices.retain(|d| {
+                !d.node_allocatable_resources
+                    .iter()
+                    .flatten()
+                    .any(|(_, r)| r.mapping.is_some())
+            });
+            for device in devices.iter_mut() {
+                device.node_allocatable_resources = None;
+            }
+        }
+        // The server refuses partitionTypeAttribute on a slice without counter consumers,
+        // which withholding devices or a disabled DRAPartitionableDevices may leave.
+        let consumes = spec
+            .devices
+            .iter()
+            .flatten()
+            .any(|d| present(&d.consumes_counters));
+        if disabled.contains(&FeatureGate::PartitionableDevicesType) || !consumes {
+            spec.partition_type_attribute = None;
+        }
+    }
+
+    fn normalize_1_37(spec: &mut api::ResourceSliceSpec) {
+        fn q(quantity: &mut Option<Quantity>) {
+            if let Some(quantity) = quantity {
+                quantity.0 = quantity::canonical(&quantity.0);
+            }
+        }
+        if spec.skip_node_operations.as_ref().is_some_and(Vec::is_empty) {
+            spec.skip_node_operations = None;
+        }
+        for device in spec.devices.iter_mut().flatten() {
+            for consumption in device.consumes_counters.iter_mut().flatten() {
+                if consumption.compatibility_groups.as_ref().is_some_and(Vec::is_empty) {
+                    consumption.compatibility_groups = None;
+                }
+            }
+            if device.node_allocatable_resources.as_ref().is_some_and(BTreeMap::is_empty) {
+                device.node_allocatable_resources = None;
+            }
+            for resource in device.node_allocatable_resources.iter_mut().flat_map(|m| m.values_mut()) {
+                if let Some(mapping) = &mut resource.mapping {
+                    q(&mut mapping.capacity_multiplier);
+                    q(&mut mapping.device_multiplier);
+                }
+                if let Some(overhead) = &mut resource.overhead {
+                    q(&mut overhead.per_pod);
+                    q(&mut overhead.per_container);
+                }
+            }
+        }
+    }
+}
+
+k8s_openapi::k8s_if_le_1_36! {
+    fn set_device_fields_1_37(_: &mut api::Device, _: &Device) {}
+
+    fn set_compatibility_groups(_: &mut api::DeviceCounterConsumption, _: &[String]) {}
+
+    /// Sets the slice-level 1.37 fields (none: the compiled API lacks them; validation
+    /// refuses `partitionTypeAttribute`, and a skipped `skipNodeOperations` is harmless as
+    /// the plugin still prepares).
+    pub(crate) fn set_slice_fields(_: &mut api::ResourceSliceSpec, _: Option<&str>, _: bool) {}
+
+    fn dropped_features_1_37(
+        _: &api::ResourceSliceSpec,
+        _: &api::ResourceSliceSpec,
+        _: &mut BTreeSet<FeatureGate>,
+    ) {
+    }
+
+    fn strip_features_1_37(_: &mut api::ResourceSliceSpec, _: &BTreeSet<FeatureGate>) {}
+
+    fn normalize_1_37(_: &mut api::ResourceSliceSpec) {}
 }
 
 fn attribute_to_api(value: &AttributeValue) -> api::DeviceAttribute {
@@ -334,11 +550,13 @@ fn counters_to_api(counters: &BTreeMap<String, Quantity>) -> BTreeMap<String, ap
 }
 
 fn consumption_to_api(consumption: &DeviceCounterConsumption) -> api::DeviceCounterConsumption {
-    api::DeviceCounterConsumption {
+    let mut out = api::DeviceCounterConsumption {
         counter_set: consumption.counter_set.clone(),
         counters: counters_to_api(&consumption.counters),
         ..Default::default()
-    }
+    };
+    set_compatibility_groups(&mut out, &consumption.compatibility_groups);
+    out
 }
 
 /// A counter set in v1 form.
@@ -455,6 +673,7 @@ pub(crate) fn normalize(spec: &mut api::ResourceSliceSpec) {
         list(&mut device.binding_failure_conditions);
         flag(&mut device.allow_multiple_allocations);
     }
+    normalize_1_37(spec);
 }
 
 /// Whether two specs are equal up to spelling (see [`normalize`]).
@@ -484,6 +703,21 @@ pub enum FeatureGate {
     ConsumableCapacity,
     /// `DRAListTypeAttributes`: list-typed attribute values.
     ListTypeAttributes,
+    /// `DRAPartitionableDevicesType` (1.37 alpha): `partitionTypeAttribute`. Published
+    /// without it when dropped: only the resource pool status summary uses it.
+    PartitionableDevicesType,
+    /// `DRADeviceCompatibilityGroups` (1.37 alpha): counter consumptions'
+    /// `compatibilityGroups`. When dropped, the devices that declare groups are withheld:
+    /// without them the scheduler would co-allocate partitions the hardware cannot combine.
+    DeviceCompatibilityGroups,
+    /// `DRANodeAllocatableResources` (1.37 shape): device `nodeAllocatableResources`. When
+    /// dropped, devices with a mapping (devices that are node CPU or memory) are withheld, as
+    /// the scheduler would hand them out next to the same resources requested by pods;
+    /// overhead-only declarations are published without it.
+    NodeAllocatableResources,
+    /// `DRAOptionalNodeOperations` (1.37 alpha): `skipNodeOperations`. Published without it
+    /// when dropped: the kubelet then calls prepare and unprepare, which the plugin serves.
+    OptionalNodeOperations,
 }
 
 impl FeatureGate {
@@ -495,7 +729,20 @@ impl FeatureGate {
             Self::DeviceBindingConditions => "DRADeviceBindingConditions",
             Self::ConsumableCapacity => "DRAConsumableCapacity",
             Self::ListTypeAttributes => "DRAListTypeAttributes",
+            Self::PartitionableDevicesType => "DRAPartitionableDevicesType",
+            Self::DeviceCompatibilityGroups => "DRADeviceCompatibilityGroups",
+            Self::NodeAllocatableResources => "DRANodeAllocatableResources",
+            Self::OptionalNodeOperations => "DRAOptionalNodeOperations",
         }
+    }
+
+    /// Whether the publisher withholds the devices that use this gate's fields once the
+    /// server dropped them, instead of publishing them without (see each variant).
+    pub fn withholds_devices(self) -> bool {
+        matches!(
+            self,
+            Self::DeviceCompatibilityGroups | Self::NodeAllocatableResources
+        )
     }
 }
 
@@ -574,6 +821,7 @@ pub(crate) fn dropped_features(
             dropped.insert(FeatureGate::ListTypeAttributes);
         }
     }
+    dropped_features_1_37(sent, stored, &mut dropped);
     dropped
 }
 
@@ -649,6 +897,7 @@ pub(crate) fn strip_features(spec: &mut api::ResourceSliceSpec, disabled: &BTree
             attributes.retain(|_, attribute| !attribute_has_list(attribute));
         }
     }
+    strip_features_1_37(spec, disabled);
 }
 
 #[cfg(test)]
@@ -865,4 +1114,190 @@ mod tests {
             );
         }
     }
+}
+
+k8s_openapi::k8s_if_ge_1_37! {
+#[cfg(test)]
+mod tests_1_37 {
+    use super::*;
+    use crate::slices::model::{DeviceCapacity, NodeAllocatableResource};
+    use serde_json::json;
+
+    fn spec_with(devices: &[Device]) -> api::ResourceSliceSpec {
+        api::ResourceSliceSpec {
+            driver: "gpu.example.com".into(),
+            node_name: Some("node-1".into()),
+            pool: api::ResourcePool {
+                name: "node-1".into(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices.iter().map(device_to_api).collect()),
+            ..Default::default()
+        }
+    }
+
+    fn mig() -> Device {
+        Device::new("gpu-0-1g-0")
+            .attribute("gpu.example.com/profile", "1g.10gb")
+            .consumes_in_groups("gpu-0", [("memory", "10Gi")], ["mig"])
+    }
+
+    fn cpu() -> Device {
+        Device::new("ccx-0")
+            .capacity("cores", DeviceCapacity::new("8"))
+            .node_allocatable("cpu", NodeAllocatableResource::per_capacity("cores", "2"))
+            .node_allocatable(
+                "memory",
+                NodeAllocatableResource::overhead_only().per_pod("64Mi").per_container("1Mi"),
+            )
+    }
+
+    fn gpu_overhead() -> Device {
+        Device::new("gpu-1")
+            .node_allocatable("memory", NodeAllocatableResource::per_device("2Gi"))
+    }
+
+    #[test]
+    fn device_fields_in_the_v1_shape_and_back_through_v1beta1() {
+        let json = serde_json::to_value(device_to_api(&mig())).unwrap();
+        assert_eq!(
+            json["consumesCounters"],
+            json!([{"counterSet": "gpu-0", "counters": {"memory": {"value": "10Gi"}},
+                    "compatibilityGroups": ["mig"]}])
+        );
+        let json = serde_json::to_value(device_to_api(&cpu())).unwrap();
+        assert_eq!(
+            json["nodeAllocatableResources"],
+            json!({
+                "cpu": {"mapping": {"capacityKey": "cores", "capacityMultiplier": "2"}},
+                "memory": {"overhead": {"perPod": "64Mi", "perContainer": "1Mi"}},
+            })
+        );
+        let json = serde_json::to_value(device_to_api(&gpu_overhead())).unwrap();
+        assert_eq!(
+            json["nodeAllocatableResources"],
+            json!({"memory": {"mapping": {"deviceMultiplier": "2Gi"}}})
+        );
+
+        let mut spec = spec_with(&[mig(), cpu()]);
+        set_slice_fields(&mut spec, Some("gpu.example.com/profile"), true);
+        let slice = api::ResourceSlice {
+            metadata: Default::default(),
+            spec,
+        };
+        for version in ResourceApiVersion::PREFERENCE {
+            let object = to_dynamic(&slice, version).unwrap();
+            let json = serde_json::to_value(&object).unwrap();
+            assert_eq!(json["spec"]["partitionTypeAttribute"], "gpu.example.com/profile");
+            assert_eq!(
+                json["spec"]["skipNodeOperations"],
+                json!(["NodePrepareResources", "NodeUnprepareResources"])
+            );
+            let device = if version == ResourceApiVersion::V1beta1 {
+                &json["spec"]["devices"][1]["basic"]
+            } else {
+                &json["spec"]["devices"][1]
+            };
+            assert_eq!(device["nodeAllocatableResources"]["cpu"]["mapping"]["capacityKey"], "cores");
+            assert_eq!(from_dynamic(object, version).unwrap(), slice, "{version}");
+        }
+    }
+
+    #[test]
+    fn slice_fields_only_where_the_server_takes_them() {
+        // No device consumes counters: no partitionTypeAttribute (the server refuses it).
+        let mut spec = spec_with(&[cpu()]);
+        set_slice_fields(&mut spec, Some("gpu.example.com/profile"), false);
+        assert_eq!(spec.partition_type_attribute, None);
+        assert_eq!(spec.skip_node_operations, None);
+        // A counter-set slice has no devices: no skipNodeOperations.
+        let mut counters = spec_with(&[]);
+        counters.devices = None;
+        set_slice_fields(&mut counters, None, true);
+        assert_eq!(counters.skip_node_operations, None);
+    }
+
+    #[test]
+    fn dropped_1_37_fields_are_detected_and_stripped_per_policy() {
+        let mut sent = spec_with(&[mig(), cpu(), gpu_overhead(), Device::new("plain")]);
+        set_slice_fields(&mut sent, Some("gpu.example.com/profile"), true);
+        assert!(dropped_features(&sent, &sent).is_empty());
+
+        // What a server with the four alpha gates off stores.
+        let mut stored = sent.clone();
+        stored.partition_type_attribute = None;
+        stored.skip_node_operations = None;
+        for device in stored.devices.iter_mut().flatten() {
+            device.node_allocatable_resources = None;
+            for consumption in device.consumes_counters.iter_mut().flatten() {
+                consumption.compatibility_groups = None;
+            }
+        }
+        let dropped = dropped_features(&sent, &stored);
+        assert_eq!(
+            dropped,
+            BTreeSet::from([
+                FeatureGate::PartitionableDevicesType,
+                FeatureGate::DeviceCompatibilityGroups,
+                FeatureGate::NodeAllocatableResources,
+                FeatureGate::OptionalNodeOperations,
+            ])
+        );
+        assert_eq!(
+            FeatureGate::OptionalNodeOperations.to_string(),
+            "DRAOptionalNodeOperations"
+        );
+
+        // Stripping: the grouped MIG device and the CPU device (a mapping) are withheld; the
+        // GPU's memory mapping is a mapping too (device multiplier); the plain device stays.
+        let mut desired = sent.clone();
+        strip_features(&mut desired, &dropped);
+        let names: Vec<&str> = desired.devices.iter().flatten().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["plain"]);
+        assert_eq!(desired.partition_type_attribute, None);
+        assert_eq!(desired.skip_node_operations, None);
+
+        // Only the harmless ones dropped: nothing withheld, fields left out.
+        let harmless = BTreeSet::from([
+            FeatureGate::PartitionableDevicesType,
+            FeatureGate::OptionalNodeOperations,
+        ]);
+        let mut desired = sent.clone();
+        strip_features(&mut desired, &harmless);
+        assert_eq!(desired.devices.as_ref().map(Vec::len), Some(4));
+        assert_eq!(desired.partition_type_attribute, None);
+        assert!(!FeatureGate::OptionalNodeOperations.withholds_devices());
+        assert!(FeatureGate::DeviceCompatibilityGroups.withholds_devices());
+    }
+
+    #[test]
+    fn overhead_only_survives_a_dropped_node_allocatable_gate() {
+        let overhead = Device::new("gpu-2").node_allocatable(
+            "memory",
+            NodeAllocatableResource::overhead_only().per_pod("1Gi"),
+        );
+        let mut desired = spec_with(&[overhead]);
+        strip_features(
+            &mut desired,
+            &BTreeSet::from([FeatureGate::NodeAllocatableResources]),
+        );
+        let devices = desired.devices.unwrap_or_default();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].node_allocatable_resources, None);
+    }
+
+    #[test]
+    fn new_quantities_compare_by_value() {
+        let a = spec_with(&[gpu_overhead()]);
+        let mut b = a.clone();
+        let resources = b.devices.as_mut().unwrap()[0]
+            .node_allocatable_resources
+            .as_mut()
+            .unwrap();
+        resources.get_mut("memory").unwrap().mapping.as_mut().unwrap().device_multiplier =
+            Some(Quantity("2048Mi".into()));
+        assert!(specs_equal(&a, &b));
+    }
+}
 }

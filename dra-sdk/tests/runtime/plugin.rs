@@ -18,7 +18,9 @@ use dra_sdk_testing::apiserver::{Fault, Verb};
 use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::claims::AllocatedClaim;
 use dra_sdk_testing::cluster::{BOOT_ID, NODE_NAME, TestCluster};
-use dra_sdk_testing::kubelet::{DraApi, KubeletSimulator, KubeletVersion, RegisteredPlugin};
+use dra_sdk_testing::kubelet::{
+    DraApi, HealthApi, KubeletSimulator, KubeletVersion, RegisteredPlugin,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -757,6 +759,7 @@ async fn health_is_streamed_and_resent_when_the_driver_reports_it() {
             .supported_versions
             .contains(&"v1alpha1.DRAResourceHealth".to_string())
     );
+    assert_eq!(s.kubelet.health_api, Some(HealthApi::V1alpha1));
     let mut watch = s.kubelet.watch_health().await.unwrap();
     let first = watch.next().await.unwrap().unwrap();
     assert_eq!(first[0].status, HealthStatus::Healthy);
@@ -771,6 +774,68 @@ async fn health_is_streamed_and_resent_when_the_driver_reports_it() {
         .unwrap()
         .unwrap();
     assert_eq!(resent, second);
+}
+
+/// Kubelet 1.37 takes `v1.DRAResourceHealth`; kubelets 1.34-1.36 know only v1alpha1. A
+/// plugin lists both (v1 first) and serves the same device states on both, over its socket.
+#[tokio::test]
+async fn health_reaches_a_1_37_kubelet_over_v1_and_an_older_one_over_v1alpha1() {
+    let driver = TestDriver {
+        reports_health: true,
+        ..TestDriver::default()
+    };
+    let s = setup_with(driver, KubeletVersion::V1_37).await;
+    let versions = &s.kubelet.info.supported_versions;
+    let position = |name: &str| versions.iter().position(|v| v == name);
+    let v1 = position("v1.DRAResourceHealth").expect("v1 health listed");
+    let v1alpha1 = position("v1alpha1.DRAResourceHealth").expect("v1alpha1 health listed");
+    assert!(v1 < v1alpha1, "{versions:?}");
+    assert_eq!(s.kubelet.health_api, Some(HealthApi::V1));
+    let older = s
+        .cluster
+        .register(&s.plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    assert_eq!(older.health_api, Some(HealthApi::V1alpha1));
+
+    let context = s.plugin.context();
+    context.set_device_state(
+        DeviceState::unhealthy(NODE_NAME, "gpu-0", "XID 79").with_timeout(Duration::from_secs(45)),
+    );
+    let mut new_kubelet = s.kubelet.watch_health().await.unwrap();
+    let mut old_kubelet = older.watch_health().await.unwrap();
+    assert_eq!(new_kubelet.api(), HealthApi::V1);
+    assert_eq!(old_kubelet.api(), HealthApi::V1alpha1);
+    let over_v1 = new_kubelet.next().await.unwrap().unwrap();
+    let over_v1alpha1 = old_kubelet.next().await.unwrap().unwrap();
+    assert_eq!(over_v1[0].status, HealthStatus::Unhealthy);
+    assert_eq!(over_v1[0].message, "XID 79");
+    assert_eq!(over_v1[0].timeout_seconds, 45);
+    assert_eq!(over_v1, over_v1alpha1);
+
+    // A change reaches both.
+    context.set_device_state(DeviceState::healthy(NODE_NAME, "gpu-0"));
+    let over_v1 = new_kubelet.next().await.unwrap().unwrap();
+    let over_v1alpha1 = old_kubelet.next().await.unwrap().unwrap();
+    assert_eq!(over_v1[0].status, HealthStatus::Healthy);
+    assert_eq!(over_v1, over_v1alpha1);
+    s.plugin.shutdown().await.unwrap();
+}
+
+/// A 1.37 kubelet opens no health stream for a plugin that lists no health service.
+#[tokio::test]
+async fn a_1_37_kubelet_picks_no_health_service_for_a_driver_without_health() {
+    let s = setup_with(TestDriver::default(), KubeletVersion::V1_37).await;
+    assert_eq!(s.kubelet.health_api, None);
+    assert!(!s.kubelet.health_advertised);
+    assert!(
+        !s.kubelet
+            .info
+            .supported_versions
+            .iter()
+            .any(|v| v.ends_with(".DRAResourceHealth"))
+    );
+    s.plugin.shutdown().await.unwrap();
 }
 
 /// Kubelet 1.36 opens the health stream of every plugin, listed or not, and retries every 5 s

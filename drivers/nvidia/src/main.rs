@@ -7,7 +7,6 @@ use dra_driver_nvidia::devices::DRIVER_NAME;
 use dra_driver_nvidia::plugin::{
     Cli, DriverWait, NvidiaPlugin, backend, cdi_kind, wait_for_driver,
 };
-use dra_sdk::cli::PluginArgs;
 use dra_sdk::plugin::KubeletPlugin;
 
 fn main() -> Result<()> {
@@ -16,8 +15,8 @@ fn main() -> Result<()> {
     dra_driver_nvidia::host::chroot::exec_if_requested();
     // The MPS control daemon's readiness probe runs this binary in the daemon's container.
     dra_driver_nvidia::sharing::mps::deployment::probe_if_requested();
-    PluginArgs::init_logging();
     let cli = Cli::parse();
+    cli.plugin.init_logging();
     if cli.nvidia.print_profile {
         return print_profile(&cli);
     }

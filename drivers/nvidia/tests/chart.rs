@@ -4,7 +4,8 @@
 //! `k8s-openapi` type without losing a field; the DaemonSet's environment names flags of the
 //! built `gpu-kubelet-plugin` and parses as its command line; the DeviceClasses are the driver
 //! crate's; `ci/all-options-values.yaml` sets every documented value; the defaults (as
-//! upstream), ComputeDomains, the webhook and bad values fail with a clear message. Needs
+//! upstream), ComputeDomains and bad values fail with a clear message; the admission webhook
+//! (`webhook.enabled`, upstream's keys) renders in each TLS mode, and nothing of it by default. Needs
 //! `HELM` (see `.ci/tools`); skips without it unless `HELM_REQUIRED=1`. Also the image the
 //! chart deploys (`drivers/nvidia/Dockerfile`), without a container engine: its build command
 //! and the path its final stage copies.
@@ -105,6 +106,9 @@ fn every_rendered_object_is_valid_for_the_api_server() {
                 "Service",
                 "Role",
                 "RoleBinding",
+                "Deployment",
+                "PodDisruptionBudget",
+                "Secret",
             ]
             .contains(&kind)
             {
@@ -128,6 +132,43 @@ fn the_defaults_are_refused_as_upstream() {
     // With GPUs off there is nothing to guard, and nothing to install.
     let documents = render(&helm, &["--set", "resources.gpus.enabled=false"]).unwrap();
     assert!(documents.is_empty(), "{documents:?}");
+}
+
+/// `kubeletPlugin.logFormat` reaches both containers that run the plugin binary (the one that
+/// waits for the driver logs too), and only `text` or `json` is accepted.
+#[test]
+fn log_format_reaches_both_plugin_containers_and_is_checked() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render(
+        &helm,
+        &[
+            "--set",
+            "gpuResourcesEnabledOverride=true",
+            "--set",
+            "kubeletPlugin.logFormat=json",
+        ],
+    )
+    .unwrap();
+    let pod = pod_spec(&documents);
+    assert_eq!(
+        env_map(container(&documents))["LOG_FORMAT"]["value"],
+        "json"
+    );
+    assert_eq!(
+        env_map(&pod["initContainers"][0])["LOG_FORMAT"]["value"],
+        "json"
+    );
+    let error = render(
+        &helm,
+        &[
+            "--set",
+            "gpuResourcesEnabledOverride=true",
+            "--set",
+            "kubeletPlugin.logFormat=xml",
+        ],
+    )
+    .expect_err("an unknown log format rendered");
+    assert_contains(&error, "logFormat");
 }
 
 #[test]
@@ -180,6 +221,7 @@ fn the_defaults_render_what_the_readme_lists() {
     assert_eq!(env["HEALTHCHECK_PORT"]["value"], "51516");
     assert_eq!(env["HTTP_ENDPOINT"]["value"], ":8080");
     assert_eq!(env["RUST_LOG"]["value"], "info");
+    assert_eq!(env["LOG_FORMAT"]["value"], "text");
     assert!(!env.contains_key("MOCK_PROFILE") && !env.contains_key("HOST_ROOT"));
 
     // Host paths, and the driver root where the plugin looks for it.
@@ -522,9 +564,18 @@ fn unsupported_and_bad_values_fail_with_a_clear_message() {
              kubelet plugin only",
         ),
         (
-            "webhook",
-            &["--set", "webhook.enabled=true"],
-            "webhook.enabled=true is not supported",
+            "webhook Secret in another namespace",
+            &[
+                "--set",
+                "webhook.enabled=true",
+                "--set",
+                "webhook.tls.mode=secret",
+                "--set",
+                "webhook.tls.secret.name=tls",
+                "--set",
+                "webhook.tls.secret.namespace=elsewhere",
+            ],
+            "a pod mounts Secrets of its own namespace only",
         ),
         (
             "unknown value",
@@ -775,7 +826,6 @@ fn every_upstream_key_renders_and_is_honoured_or_warned_about() {
             "gpuDriverConfig",
             "resources.computeDomains.imex",
             "controller",
-            "webhook",
             "kubeletPlugin.containers.computeDomains",
             "kubeletPlugin.metrics.computeDomainHttpEndpoint",
             "featureGates.ContextualLogging",
@@ -951,6 +1001,25 @@ fn the_image_builds_the_plugin_with_nvml_and_copies_it() {
     assert!(!args.iter().any(|a| a.contains("demo")), "{args:?}");
     // The binary exists under that name in this package (Cargo built it for this test).
     assert!(Path::new(env!("CARGO_BIN_EXE_gpu-kubelet-plugin")).is_file());
+    // The admission webhook is built in the same command and copied next to the plugin, at
+    // the path the chart's webhook Deployment runs.
+    let bins: Vec<&str> = args
+        .windows(2)
+        .filter(|pair| pair[0] == "--bin")
+        .map(|pair| pair[1].as_str())
+        .collect();
+    assert_eq!(bins, ["gpu-kubelet-plugin", "gpu-webhook"]);
+    let text = std::fs::read_to_string(workspace.join(DOCKERFILE)).unwrap();
+    assert!(text.contains("install -D -m 0755 target/dist/gpu-webhook /out/gpu-webhook"));
+    assert!(
+        dockerfile::copies_from(&text)
+            .iter()
+            .any(|copy| copy.from == "build"
+                && copy.sources == ["/out/gpu-webhook"]
+                && copy.destination == "/usr/bin/gpu-webhook"),
+        "{DOCKERFILE} does not copy the webhook to /usr/bin/gpu-webhook"
+    );
+    assert!(Path::new(env!("CARGO_BIN_EXE_gpu-webhook")).is_file());
     dockerfile::check_toolchain(&workspace, DOCKERFILE);
     dockerfile::check_build_context(&workspace);
     // .ci/run type-checks exactly this command (the workspace's --all-features runs build the
@@ -1041,4 +1110,285 @@ fn mps_daemons_pull_and_run_as_the_plugin_does() {
     let env = env_map(container(&defaults));
     assert!(!env.contains_key("IMAGE_PULL_SECRETS"));
     assert_eq!(env["IMAGE_PULL_POLICY"]["value"], "IfNotPresent");
+}
+
+// ---- the validating admission webhook (webhook.enabled) ------------------------------------
+
+const WEBHOOK: &str = "/usr/bin/gpu-webhook";
+
+fn render_webhook(helm: &Path, args: &[&str]) -> Vec<Value> {
+    let mut all = vec![
+        "--set",
+        "gpuResourcesEnabledOverride=true",
+        "--set",
+        "webhook.enabled=true",
+    ];
+    all.extend_from_slice(args);
+    render(helm, &all).unwrap_or_else(|error| panic!("{all:?}: helm template failed:\n{error}"))
+}
+
+#[test]
+fn the_webhook_is_off_by_default_and_renders_nothing() {
+    let Some(helm) = helm_or_skip() else { return };
+    for file in [
+        "defaults-values.yaml",
+        UPSTREAM_FILE,
+        "upstream-guide-values.yaml",
+    ] {
+        let documents = rendered(&helm, file);
+        assert!(shared::webhook_objects(&documents).is_empty(), "{file}");
+        assert!(
+            documents.iter().all(|d| !describe(d).contains("webhook")),
+            "{file}"
+        );
+    }
+    // Nothing without the GPU plugin either.
+    let off = render(
+        &helm,
+        &[
+            "--set",
+            "resources.gpus.enabled=false",
+            "--set",
+            "webhook.enabled=true",
+        ],
+    )
+    .unwrap();
+    assert!(shared::webhook_objects(&off).is_empty());
+}
+
+#[test]
+fn the_webhook_renders_a_hardened_deployment_its_service_budget_and_configuration() {
+    let Some(helm) = helm_or_skip() else { return };
+    let openapi = OpenApi::load();
+    let documents = render_webhook(&helm, &[]);
+    let problems = validate_all(&openapi, "webhook", &documents);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let webhook = shared::assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["name"], "opaque-config.gpu.nvidia.com");
+    assert_eq!(webhook["failurePolicy"], "Ignore");
+    assert_eq!(webhook["timeoutSeconds"], 10);
+    let objects = shared::webhook_objects(&documents);
+    let deployment = objects["Deployment"][0];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        container(&documents)["image"]
+    );
+    let env = env_map(&pod["containers"][0]);
+    assert_eq!(env["DRIVER_NAME"]["value"], "gpu.nvidia.com");
+    // The log level follows logVerbosity unless webhook.logLevel is set.
+    assert_eq!(env["RUST_LOG"]["value"], "info");
+    let verbose = render_webhook(&helm, &["--set", "logVerbosity=7"]);
+    let verbose = &shared::webhook_objects(&verbose)["Deployment"][0]["spec"]["template"]["spec"];
+    assert_eq!(
+        env_map(&verbose["containers"][0])["RUST_LOG"]["value"],
+        "trace"
+    );
+    assert_eq!(
+        pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+            ["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    shared::assert_helm_mode_certificate(&documents, NAMESPACE);
+    // With the plugin's NetworkPolicy, the webhook's pods get ingress to their port only and
+    // no egress.
+    let policed = render_webhook(
+        &helm,
+        &["--set", "kubeletPlugin.networkPolicy.enabled=true"],
+    );
+    let problems = validate_all(&openapi, "networkPolicy", &policed);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    shared::assert_webhook_shape(&policed, NAMESPACE, WEBHOOK);
+    let policy = shared::webhook_objects(&policed)["NetworkPolicy"][0];
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        objects["Deployment"][0]["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{ "ports": [{ "protocol": "TCP", "port": 8443 }] }])
+    );
+    assert_eq!(policy["spec"]["egress"], json!([]));
+}
+
+#[test]
+fn the_all_options_file_renders_the_webhook_in_secret_mode() {
+    let Some(helm) = helm_or_skip() else { return };
+    // selectorLabelsOverride there: the plugin's selectors still leave the webhook's pods out.
+    let documents = rendered(&helm, "all-options-values.yaml");
+    let webhook = shared::assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["failurePolicy"], "Fail");
+    assert_eq!(webhook["timeoutSeconds"], 5);
+    let all = shared::yaml(&chart_dir().join("ci/all-options-values.yaml"));
+    assert_eq!(
+        webhook["clientConfig"]["caBundle"],
+        all["webhook"]["tls"]["secret"]["caBundle"]
+    );
+    let objects = shared::webhook_objects(&documents);
+    assert!(!objects.contains_key("Secret"));
+    assert_eq!(objects["Deployment"][0]["spec"]["replicas"], 3);
+    assert_eq!(
+        objects["Deployment"][0]["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "nvidia-gpu-webhook-tls"
+    );
+}
+
+#[test]
+fn an_upstream_webhook_section_is_honoured() {
+    let Some(helm) = helm_or_skip() else { return };
+    // Upstream's webhook keys at upstream's defaults, enabled, with the port this chart needs.
+    let upstream = shared::yaml(&chart_dir().join("ci").join(UPSTREAM_FILE));
+    let mut section = upstream["webhook"].clone();
+    section["enabled"] = json!(true);
+    section["containerPort"] = json!(8443);
+    let file = std::env::temp_dir().join(format!(
+        "nvidia-upstream-webhook-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &file,
+        serde_json::to_string(&json!({ "gpuResourcesEnabledOverride": true, "webhook": section }))
+            .unwrap(),
+    )
+    .unwrap();
+    let documents = render(&helm, &["-f", file.to_str().unwrap()]).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let webhook = shared::assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["failurePolicy"], section["failurePolicy"]);
+    let objects = shared::webhook_objects(&documents);
+    let deployment = objects["Deployment"][0];
+    assert_eq!(deployment["spec"]["replicas"], section["replicas"]);
+    // One replica, as upstream: no budget.
+    assert!(!objects.contains_key("PodDisruptionBudget"));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["tolerations"], section["tolerations"]);
+    assert_eq!(pod["priorityClassName"], section["priorityClassName"]);
+    assert_eq!(
+        deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        section["strategy"]["rollingUpdate"]["maxUnavailable"]
+    );
+    // Upstream's `privileged: false` merges with the hardened defaults.
+    let security = &pod["containers"][0]["securityContext"];
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    // Upstream's cert-manager mode with its self-signed issuer.
+    assert_eq!(section["tls"]["mode"], "cert-manager");
+    assert_eq!(objects["Issuer"][0]["spec"], json!({ "selfSigned": {} }));
+    let certificate = objects["Certificate"][0];
+    assert_eq!(
+        objects["ValidatingWebhookConfiguration"][0]["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!(
+            "{NAMESPACE}/{}",
+            certificate["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    // Upstream's default port 443 is refused with the reason (the Service keeps 443).
+    let mut args = vec![
+        "--set",
+        "gpuResourcesEnabledOverride=true",
+        "--set",
+        "webhook.enabled=true",
+    ];
+    args.extend(["--set", "webhook.containerPort=443"]);
+    let error = render(&helm, &args).expect_err("port 443 rendered");
+    assert_contains(&error, "cannot listen on a port below 1024");
+}
+
+#[test]
+fn secret_and_cert_manager_modes_render_as_documented() {
+    let Some(helm) = helm_or_skip() else { return };
+    let bundle =
+        "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ0ZXN0Ci0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+    let ca = format!("webhook.tls.secret.caBundle={bundle}");
+    let namespace = format!("webhook.tls.secret.namespace={NAMESPACE}");
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.tls.mode=secret",
+            "--set",
+            "webhook.tls.secret.name=my-tls",
+            "--set",
+            &ca,
+            "--set",
+            &namespace,
+        ],
+    );
+    let webhook = shared::assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["clientConfig"]["caBundle"], bundle);
+    let objects = shared::webhook_objects(&documents);
+    assert!(!objects.contains_key("Secret"));
+    assert_eq!(
+        objects["Deployment"][0]["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "my-tls"
+    );
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.tls.mode=cert-manager",
+            "--set",
+            "webhook.tls.certManager.issuerType=issuer",
+            "--set",
+            "webhook.tls.certManager.issuerName=team-ca",
+        ],
+    );
+    let webhook = shared::assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert!(webhook["clientConfig"]["caBundle"].is_null());
+    let objects = shared::webhook_objects(&documents);
+    assert!(!objects.contains_key("Issuer") && !objects.contains_key("Secret"));
+    assert_eq!(
+        objects["Certificate"][0]["spec"]["issuerRef"],
+        json!({ "group": "cert-manager.io", "kind": "Issuer", "name": "team-ca" })
+    );
+}
+
+#[test]
+fn the_webhook_leaves_the_plugins_rbac_unchanged() {
+    let Some(helm) = helm_or_skip() else { return };
+    let rbac = |documents: &[Value]| -> Vec<Value> {
+        documents
+            .iter()
+            .filter(|d| {
+                d["kind"]
+                    .as_str()
+                    .is_some_and(|k| k.ends_with("Role") || k.ends_with("RoleBinding"))
+            })
+            .cloned()
+            .collect()
+    };
+    for extra in [&[][..], &["--set", "featureGates.MPSSupport=true"][..]] {
+        let mut without = vec!["--set", "gpuResourcesEnabledOverride=true"];
+        without.extend_from_slice(extra);
+        let without = render(&helm, &without).unwrap();
+        let with = render_webhook(&helm, extra);
+        assert_eq!(rbac(&without), rbac(&with), "{extra:?}");
+        assert!(!rbac(&with).is_empty());
+    }
+}
+
+#[test]
+fn the_webhook_env_names_flags_of_the_webhook_binary() {
+    // Every variable the Deployment sets is one of gpu-webhook's flags, except its log filter.
+    let Some(helm) = helm_or_skip() else { return };
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-webhook"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for documents in [
+        render_webhook(&helm, &[]),
+        rendered(&helm, "all-options-values.yaml"),
+    ] {
+        let deployment = shared::webhook_objects(&documents)["Deployment"][0];
+        let env = env_map(&deployment["spec"]["template"]["spec"]["containers"][0]);
+        assert!(env.contains_key("DRIVER_NAME"));
+        for variable in env.keys().filter(|v| *v != "RUST_LOG") {
+            assert!(
+                help.contains(&format!("[env: {variable}=")),
+                "{variable} is not a flag's variable:\n{help}"
+            );
+        }
+    }
 }

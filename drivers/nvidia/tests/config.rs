@@ -1,5 +1,6 @@
 //! The opaque config API `resource.nvidia.com/v1beta1`: good and bad configs, with the exact
-//! messages users see in their claim's events.
+//! messages users see in their claim's events, and the same messages from the `gpu-webhook`
+//! binary at admission.
 
 use dra_driver_nvidia::config::*;
 use serde_json::{Value, json};
@@ -374,4 +375,90 @@ fn configs_round_trip_through_json() {
         written["apiVersion"] = json!(API_VERSION);
         assert_eq!(decode(written).unwrap(), config);
     }
+}
+
+/// `gpu-webhook` over HTTPS: a v1beta1 claim (the version older clusters serve) with a MIG
+/// config whose MPS percentage is out of range, and a GPU config of another version, denied
+/// with prepare's messages; the same claim with good configs allowed; SIGTERM ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_binary_refuses_configs_with_prepares_messages() {
+    use dra_sdk_testing::admission::{WebhookClient, WebhookPki, review};
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = WebhookPki::create(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-webhook"))
+        .env("TLS_CERT_FILE", &pki.cert_file)
+        .env("TLS_KEY_FILE", &pki.key_file)
+        .args(["--port", &port.to_string()])
+        .spawn()
+        .expect("spawn gpu-webhook");
+    let client = WebhookClient::new(([127, 0, 0, 1], port).into(), pki.ca_pem());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !matches!(client.request("GET", "/readyz", None).await, Ok(r) if r.status == 200) {
+        assert!(child.try_wait().unwrap().is_none(), "gpu-webhook exited");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gpu-webhook never ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    let claim = |configs: Vec<Value>| {
+        let configs: Vec<Value> = configs
+            .into_iter()
+            .map(|parameters| json!({ "opaque": { "driver": "gpu.nvidia.com", "parameters": parameters } }))
+            .collect();
+        json!({
+            "apiVersion": "resource.k8s.io/v1beta1",
+            "kind": "ResourceClaim",
+            "metadata": { "name": "mps", "namespace": "default" },
+            "spec": { "devices": {
+                "requests": [{ "name": "mig", "deviceClassName": "mig.nvidia.com" }],
+                "config": configs,
+            } },
+        })
+    };
+    let mps = |percentage: i64| {
+        mig(
+            json!({ "sharing": { "strategy": "MPS", "mpsConfig": { "defaultActiveThreadPercentage": percentage } } }),
+        )
+    };
+    let mut old_version = gpu(json!({}));
+    old_version["apiVersion"] = json!("resource.nvidia.com/v1");
+    let bad = claim(vec![mps(150), old_version.clone()]);
+    let answer = client.review(&review("CREATE", &bad, None)).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let expected = [
+        format!(
+            "spec.devices.config[0].opaque.parameters: {}",
+            error(mps(150))
+        ),
+        format!(
+            "spec.devices.config[1].opaque.parameters: {}",
+            error(old_version)
+        ),
+    ]
+    .join("; ");
+    assert_eq!(answer["response"]["status"]["message"], expected.as_str());
+    assert!(
+        expected.contains("sharing.mpsConfig.defaultActiveThreadPercentage"),
+        "{expected}"
+    );
+
+    let good = claim(vec![mps(50), gpu(json!({}))]);
+    let answer = client.review(&review("CREATE", &good, None)).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
 }

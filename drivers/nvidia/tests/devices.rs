@@ -578,3 +578,22 @@ fn dynamic_mig_pools_are_valid_in_both_slice_layouts() {
         }
     }
 }
+
+/// Why the driver declares no `partitionTypeAttribute` (docs/dynamic-mig.md): the partitions
+/// of one profile consume different `memory-slice-<i>` counters at each placement, and a
+/// partition type needs one counter cost for all its devices (the pool status controller
+/// reports `PartitionCostMismatch` otherwise; the SDK refuses it before publishing).
+#[test]
+fn dynamic_mig_pools_cannot_name_the_profile_as_partition_type() {
+    let (_dir, _backend, discovery) = dynamic("dgx-h100");
+    let (name, pool) = discovery.partition_pools("node-1").remove(0);
+    let resources = dra_sdk::slices::DriverResources::new().with_pool(
+        name,
+        pool.partition_type_attribute("gpu.nvidia.com/profile"),
+    );
+    let error = resources
+        .validate(&SliceLimits::for_release(KubernetesVersion::new(1, 37)))
+        .unwrap_err()
+        .to_string();
+    assert_contains(&error, "which has the same partition type \"1g.10gb\"");
+}

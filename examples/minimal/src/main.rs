@@ -101,10 +101,9 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    // The SDK's logging: `--log-format text|json`, colour only on a terminal, `RUST_LOG`.
+    cli.plugin.init_logging();
     let node = cli.plugin.node_name.clone();
     let devices = (0..cli.num_devices)
         .map(|index| {

@@ -63,6 +63,12 @@ use crate::config::{GpuConfig, SharingStrategy};
 /// Default driver name.
 pub const DEFAULT_DRIVER_NAME: &str = "gpu.example.com";
 
+/// The opaque configs the driver accepts: what prepare decodes claims' configs with, and what
+/// the `mock-gpu-webhook` binary checks them with at admission.
+pub fn config_registry() -> ConfigRegistry<GpuConfig> {
+    ConfigRegistry::new().register::<GpuConfig>()
+}
+
 /// Memory of one mock GPU, in MiB (`80Gi`): partitions get an equal share of it.
 const GPU_MEMORY_MIB: u64 = 80 * 1024;
 /// Compute units of one mock GPU: partitions get an equal share of them.
@@ -586,7 +592,7 @@ impl Driver for MockGpuDriver {
     type Config = GpuConfig;
 
     fn config_registry(&self) -> ConfigRegistry<GpuConfig> {
-        ConfigRegistry::new().register::<GpuConfig>()
+        config_registry()
     }
 
     async fn start(&self, ctx: &DriverContext) -> Result<(), DriverError> {

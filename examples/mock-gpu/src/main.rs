@@ -51,7 +51,6 @@ struct DriverArgs {
 }
 
 fn main() -> Result<()> {
-    PluginArgs::init_logging();
     // The demo was once a subcommand of this binary; point there instead of failing with an
     // unexpected-argument error.
     if std::env::args_os().nth(1).is_some_and(|arg| arg == "demo") {
@@ -61,6 +60,7 @@ fn main() -> Result<()> {
         std::process::exit(2);
     }
     let cli = Cli::parse();
+    cli.plugin.init_logging();
     // Not `#[tokio::main]`, whose runtime starts a worker per CPU: `--worker-threads`.
     cli.plugin
         .runtime()

@@ -162,3 +162,190 @@ fn bad_flags_fail_with_a_clear_message() {
         "{stderr}"
     );
 }
+
+/// Runs the plugin with stderr on a pipe (as in a container: a file on the node, read with
+/// `kubectl logs`), lets a kubelet prepare a claim through it, stops it, and returns its stderr
+/// and the claim's UID.
+async fn plugin_stderr(configure: impl FnOnce(&mut Command)) -> (Vec<u8>, String) {
+    use dra_sdk_testing::claims::AllocatedClaim;
+    let cluster = TestCluster::start().await.unwrap();
+    let kubeconfig = cluster.write_kubeconfig().unwrap();
+    let mut command = plugin_command(
+        Path::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin")),
+        &cluster,
+        &kubeconfig,
+        2,
+    );
+    command
+        .env("RUST_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stderr(std::process::Stdio::piped());
+    configure(&mut command);
+    let child = command.spawn().expect("spawn plugin");
+
+    let registrar = cluster.registrar_dir();
+    wait_for("the registration socket", || {
+        KubeletSimulator::discover(&registrar).is_ok_and(|found| found.len() == 1)
+    })
+    .await;
+    let socket = KubeletSimulator::discover(&registrar).unwrap().remove(0);
+    let plugin = KubeletSimulator::new(KubeletVersion::V1_36)
+        .register(&socket)
+        .await
+        .unwrap();
+    let claim = AllocatedClaim::new("default", "logged")
+        .device("gpu", "gpu.example.com", NODE_NAME, "gpu-0")
+        .create(&cluster.client())
+        .await
+        .unwrap();
+    let claim = dra_sdk::claim::ClaimRef {
+        uid: claim.metadata.uid.clone().unwrap(),
+        namespace: "default".into(),
+        name: "logged".into(),
+    };
+    let prepared = plugin.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert!(prepared[&claim.uid].is_ok(), "{prepared:?}");
+
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(output.status.success(), "exit status {}", output.status);
+    (output.stderr, claim.uid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_on_a_pipe_are_plain_text_without_escape_codes() {
+    let (stderr, uid) = plugin_stderr(|_| {}).await;
+    let text = String::from_utf8_lossy(&stderr);
+    assert!(!stderr.is_empty());
+    assert!(
+        !stderr.contains(&0x1b),
+        "ANSI escape codes in a non-terminal log:\n{text}"
+    );
+    assert_contains(&text, "claim prepared");
+    assert_contains(&text, &uid);
+}
+
+/// `LOG_FORMAT=json` (the chart's `logFormat`): every line is a JSON object a log pipeline
+/// can parse, and a claim's lines carry its UID from the span they were logged in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_format_json_writes_one_object_per_line_with_the_claims_span_fields() {
+    let (stderr, uid) = plugin_stderr(|command| {
+        command.env("LOG_FORMAT", "json");
+    })
+    .await;
+    let text = String::from_utf8(stderr).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        assert!(line["timestamp"].is_string(), "{line}");
+        assert!(line["level"].is_string(), "{line}");
+        assert!(line["target"].is_string(), "{line}");
+        assert!(line["message"].is_string(), "{line}");
+    }
+    let prepared = lines
+        .iter()
+        .find(|line| line["message"] == "claim prepared")
+        .unwrap_or_else(|| panic!("no `claim prepared` line:\n{text}"));
+    assert_eq!(prepared["span"]["claim.uid"], uid.as_str(), "{prepared}");
+    assert_eq!(prepared["span"]["driver"], "gpu.example.com", "{prepared}");
+}
+
+#[test]
+fn an_unknown_log_format_is_refused_naming_the_flag() {
+    let output = Command::new(env!("CARGO_BIN_EXE_mock-gpu-kubelet-plugin"))
+        .args(["--node-name", "n", "--log-format", "xml"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_contains(&stderr, "--log-format");
+    assert!(!output.stderr.contains(&0x1b), "{stderr}");
+}
+
+/// `mock-gpu-webhook` as the chart runs it: certificate files and port from flags and
+/// environment, HTTPS, a claim with a bad config denied with the field named, a good one
+/// allowed, and SIGTERM ending it cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_binary_denies_a_bad_config_and_allows_a_good_one_over_https() {
+    use dra_sdk_testing::admission::{WebhookClient, WebhookPki, review};
+    use serde_json::json;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = WebhookPki::create(dir.path());
+    // A free port: bound, read and released (the binary binds it right after).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mock-gpu-webhook"))
+        .arg("--tls-cert-file")
+        .arg(&pki.cert_file)
+        .env("TLS_KEY_FILE", &pki.key_file)
+        .env("WEBHOOK_PORT", port.to_string())
+        .args(["--log-format", "json"])
+        .spawn()
+        .expect("spawn webhook");
+    let client = WebhookClient::new(([127, 0, 0, 1], port).into(), pki.ca_pem());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match client.request("GET", "/readyz", None).await {
+            Ok(response) if response.status == 200 => break,
+            other => {
+                assert!(child.try_wait().unwrap().is_none(), "the webhook exited");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "never ready: {other:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    let claim = |sharing: serde_json::Value| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": { "name": "shared-gpu", "namespace": "default" },
+            "spec": { "devices": {
+                "requests": [{ "name": "gpu", "exactly": { "deviceClassName": "gpu.example.com" } }],
+                "config": [{ "requests": ["gpu"], "opaque": {
+                    "driver": "gpu.example.com",
+                    "parameters": {
+                        "apiVersion": "gpu.resource.example.com/v1alpha1",
+                        "kind": "GpuConfig",
+                        "sharing": sharing,
+                    },
+                } }],
+            } },
+        })
+    };
+    let bad =
+        claim(json!({ "strategy": "TimeSlicing", "timeSlicingConfig": { "interval": "Forever" } }));
+    let answer = client.review(&review("CREATE", &bad, None)).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert_contains(
+        message,
+        "spec.devices.config[0].opaque.parameters: invalid GpuConfig (gpu.resource.example.com/v1alpha1): sharing.timeSlicingConfig.interval: unknown variant `Forever`",
+    );
+    let good =
+        claim(json!({ "strategy": "TimeSlicing", "timeSlicingConfig": { "interval": "Long" } }));
+    let answer = client.review(&review("CREATE", &good, None)).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "exit status {status}");
+}

@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 use support::chart::{
-    OpenApi, assert_all_options_documented, assert_plugin_rules, chart_dir, describe, env_map,
-    find_kind, helm_or_skip, render, validate_all, values_sets,
+    OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
+    assert_webhook_shape, chart_dir, describe, env_map, find_kind, helm_or_skip, render,
+    secret_data, tls_handshake, validate_all, values_sets, webhook_objects,
 };
 
 const NAMESPACE: &str = "dra-mock-gpu";
@@ -73,6 +74,8 @@ fn the_defaults_render_what_the_readme_lists() {
         env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"],
         "spec.nodeName"
     );
+    // Plain text logs unless `logFormat: json`.
+    assert_eq!(env["LOG_FORMAT"]["value"], "text");
     assert_eq!(
         env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"],
         "metadata.uid"
@@ -92,7 +95,8 @@ fn the_defaults_render_what_the_readme_lists() {
         ]
         .into()
     );
-    // Least privilege: the verbs the SDK's plugin uses, no patch, no deletecollection.
+    // Least privilege: the verbs the SDK's plugin uses, no deletecollection, patch only on
+    // Events (their series count).
     assert_plugin_rules(find_kind(&documents, "ClusterRole"));
 }
 
@@ -111,20 +115,21 @@ fn device_status_adds_exactly_the_status_rules() {
     .unwrap();
     let role = find_kind(&documents, "ClusterRole");
     let rules = role["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 5, "{rules:?}");
+    assert_eq!(rules.len(), 6, "{rules:?}");
     assert_eq!(
-        rules[3],
+        rules[4],
         serde_json::json!({ "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
                             "verbs": ["patch"] })
     );
     assert_eq!(
-        rules[4],
+        rules[5],
         serde_json::json!({ "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
                             "resourceNames": ["gpu.example.com"], "verbs": ["associated-node:patch"] })
     );
     let daemonset = find_kind(&documents, "DaemonSet");
     let env = env_map(&daemonset["spec"]["template"]["spec"]["containers"][0]);
     assert_eq!(env["DEVICE_STATUS"]["value"], "true");
+    assert_eq!(env["LOG_FORMAT"]["value"], "text");
     assert_eq!(env["DEVICE_METADATA"]["value"], "false");
 }
 
@@ -174,9 +179,10 @@ fn the_device_classes_are_the_drivers_own() {
         (vec!["--values", kind_values], 4),
     ] {
         let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
-        for document in &documents {
-            assert!(openapi.check(document).is_empty(), "{args:?}: {document}");
-        }
+        // The kind values enable the webhook: its PodDisruptionBudget is decoded only (the
+        // reference OpenAPI documents lack policy/v1).
+        let problems = validate_all(&openapi, &format!("{args:?}"), &documents);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
         let rendered: Vec<(Value, Value)> = documents
             .iter()
             .filter(|d| d["kind"] == "DeviceClass")
@@ -209,7 +215,12 @@ fn the_device_classes_are_the_drivers_own() {
 #[test]
 fn bad_values_fail_with_a_clear_message() {
     let Some(helm) = helm_or_skip() else { return };
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 7] = [
+        (
+            "unknown log format",
+            &["--set", "kubeletPlugin.logFormat=xml"],
+            "logFormat",
+        ),
         ("default namespace", &[], "default namespace is refused"),
         (
             "feature gate",
@@ -247,5 +258,347 @@ fn bad_values_fail_with_a_clear_message() {
             .err()
             .unwrap_or_else(|| panic!("{what}: rendered"));
         assert!(error.contains(expected), "{what}: {error}");
+    }
+}
+
+// ---- the validating admission webhook (webhook.enabled) ------------------------------------
+
+const WEBHOOK: &str = "/usr/bin/mock-gpu-webhook";
+
+fn render_webhook(helm: &std::path::Path, args: &[&str]) -> Vec<Value> {
+    let mut all = vec!["--set", "webhook.enabled=true"];
+    all.extend_from_slice(args);
+    render(helm, "mock-gpu", NAMESPACE, &all)
+        .unwrap_or_else(|error| panic!("{all:?}: helm template failed:\n{error}"))
+}
+
+#[test]
+fn the_webhook_is_off_by_default_and_renders_nothing() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render(&helm, "mock-gpu", NAMESPACE, &[]).unwrap();
+    assert!(webhook_objects(&documents).is_empty());
+    assert!(
+        documents
+            .iter()
+            .all(|d| !describe(d).contains("webhook") && d["kind"] != "Deployment"),
+        "{documents:?}"
+    );
+}
+
+#[test]
+fn the_webhook_renders_a_hardened_deployment_its_service_budget_and_configuration() {
+    let Some(helm) = helm_or_skip() else { return };
+    let openapi = OpenApi::load();
+    let documents = render_webhook(&helm, &[]);
+    let problems = validate_all(&openapi, "webhook", &documents);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let webhook = assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    // Defaults: 2 replicas with a budget, Ignore, 10 s, the driver's name.
+    let objects = webhook_objects(&documents);
+    let deployment = objects["Deployment"][0];
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(objects["PodDisruptionBudget"].len(), 1);
+    assert_eq!(webhook["failurePolicy"], "Ignore");
+    assert_eq!(webhook["timeoutSeconds"], 10);
+    assert_eq!(webhook["name"], "opaque-config.gpu.example.com");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        find_kind(&documents, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"],
+        "the plugin's image"
+    );
+    let env = env_map(container);
+    assert_eq!(env["DRIVER_NAME"]["value"], "gpu.example.com");
+    assert_eq!(env["WEBHOOK_PORT"]["value"], "8443");
+    assert_eq!(
+        container["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    // Replicas spread across nodes unless the affinity is set.
+    let spread =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(
+        spread["podAffinityTerm"]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(
+        spread["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let service = objects["Service"][0];
+    assert_eq!(service["spec"]["ports"][0]["port"], 443);
+    // The driver name follows `driverName`.
+    let renamed = render_webhook(&helm, &["--set", "driverName=gpu.test.example"]);
+    let renamed_env = env_map(
+        &webhook_objects(&renamed)["Deployment"][0]["spec"]["template"]["spec"]["containers"][0],
+    );
+    assert_eq!(renamed_env["DRIVER_NAME"]["value"], "gpu.test.example");
+}
+
+#[test]
+fn the_webhook_settings_are_honoured() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.failurePolicy=Fail",
+            "--set",
+            "webhook.timeoutSeconds=3",
+            "--set",
+            "webhook.replicas=1",
+            "--set",
+            "webhook.containerPort=9443",
+            "--set",
+            "webhook.servicePort=8443",
+        ],
+    );
+    let webhook = assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["failurePolicy"], "Fail");
+    assert_eq!(webhook["timeoutSeconds"], 3);
+    assert_eq!(webhook["clientConfig"]["service"]["port"], 8443);
+    // One replica: no budget (it would block every drain).
+    assert!(!webhook_objects(&documents).contains_key("PodDisruptionBudget"));
+    let container =
+        &webhook_objects(&documents)["Deployment"][0]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["ports"][0]["containerPort"], 9443);
+    // The all-options file (secret mode, every value set) has the same shape.
+    let all = chart_dir().join("ci/all-options-values.yaml");
+    let documents = render(&helm, "mock-gpu", NAMESPACE, &["-f", all.to_str().unwrap()]).unwrap();
+    let webhook = assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    assert_eq!(webhook["name"], "opaque-config.all.gpu.example.com");
+}
+
+#[test]
+fn helm_mode_generates_a_ca_whose_bundle_verifies_the_serving_certificate() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render_webhook(&helm, &[]);
+    assert_helm_mode_certificate(&documents, NAMESPACE);
+    let objects = webhook_objects(&documents);
+    assert!(!objects.contains_key("Certificate"));
+    assert!(
+        objects["ValidatingWebhookConfiguration"][0]["metadata"]["annotations"].is_null(),
+        "no cert-manager annotation in helm mode"
+    );
+    // Extra DNS names are in the certificate too.
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.tls.certManager.dnsNames={gpu-webhook.example.com}",
+        ],
+    );
+    let secret = webhook_objects(&documents)["Secret"][0];
+    let (cert, key, ca) = (
+        secret_data(secret, "tls.crt"),
+        secret_data(secret, "tls.key"),
+        secret_data(secret, "ca.crt"),
+    );
+    tls_handshake(&cert, &key, &ca, "gpu-webhook.example.com").unwrap();
+}
+
+#[test]
+fn cert_manager_mode_renders_an_issuer_a_certificate_and_the_injection_annotation() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render_webhook(&helm, &["--set", "webhook.tls.mode=cert-manager"]);
+    assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    let objects = webhook_objects(&documents);
+    assert!(
+        !objects.contains_key("Secret"),
+        "cert-manager writes the Secret"
+    );
+    let issuer = objects["Issuer"][0];
+    assert_eq!(issuer["apiVersion"], "cert-manager.io/v1");
+    assert_eq!(issuer["spec"], serde_json::json!({ "selfSigned": {} }));
+    let certificate = objects["Certificate"][0];
+    let service = objects["Service"][0]["metadata"]["name"].as_str().unwrap();
+    let secret_name =
+        &objects["Deployment"][0]["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"];
+    assert_eq!(&certificate["spec"]["secretName"], secret_name);
+    assert_eq!(
+        certificate["spec"]["issuerRef"],
+        serde_json::json!({ "group": "cert-manager.io", "kind": "Issuer",
+                            "name": issuer["metadata"]["name"] })
+    );
+    let names = certificate["spec"]["dnsNames"].as_array().unwrap();
+    assert!(
+        names.contains(&Value::from(format!("{service}.{NAMESPACE}.svc"))),
+        "{names:?}"
+    );
+    let configuration = objects["ValidatingWebhookConfiguration"][0];
+    assert_eq!(
+        configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        format!(
+            "{NAMESPACE}/{}",
+            certificate["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    assert!(configuration["webhooks"][0]["clientConfig"]["caBundle"].is_null());
+    // An existing ClusterIssuer instead of the chart's.
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.tls.mode=cert-manager",
+            "--set",
+            "webhook.tls.certManager.issuerType=clusterissuer",
+            "--set",
+            "webhook.tls.certManager.issuerName=cluster-ca",
+        ],
+    );
+    let objects = webhook_objects(&documents);
+    assert!(!objects.contains_key("Issuer"));
+    assert_eq!(
+        objects["Certificate"][0]["spec"]["issuerRef"],
+        serde_json::json!({ "group": "cert-manager.io", "kind": "ClusterIssuer", "name": "cluster-ca" })
+    );
+}
+
+/// A base64 PEM bundle, as `base64 -w0 ca.crt` gives.
+const CA_BUNDLE: &str =
+    "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUJ0ZXN0Ci0tLS0tRU5EIENFUlRJRklDQVRFLS0tLS0K";
+
+#[test]
+fn secret_mode_mounts_the_users_secret_and_uses_its_ca_bundle() {
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render_webhook(
+        &helm,
+        &[
+            "--set",
+            "webhook.tls.mode=secret",
+            "--set",
+            "webhook.tls.secret.name=my-webhook-tls",
+            "--set",
+            &format!("webhook.tls.secret.caBundle={CA_BUNDLE}"),
+        ],
+    );
+    let webhook = assert_webhook_shape(&documents, NAMESPACE, WEBHOOK);
+    let objects = webhook_objects(&documents);
+    assert!(!objects.contains_key("Secret") && !objects.contains_key("Certificate"));
+    assert_eq!(webhook["clientConfig"]["caBundle"], CA_BUNDLE);
+    assert_eq!(
+        objects["Deployment"][0]["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "my-webhook-tls"
+    );
+}
+
+#[test]
+fn the_webhook_leaves_the_plugins_rbac_unchanged() {
+    let Some(helm) = helm_or_skip() else { return };
+    let rbac = |documents: &[Value]| -> Vec<Value> {
+        documents
+            .iter()
+            .filter(|d| {
+                d["kind"]
+                    .as_str()
+                    .is_some_and(|k| k.ends_with("Role") || k.ends_with("RoleBinding"))
+            })
+            .cloned()
+            .collect()
+    };
+    for args in [&[][..], &["--set", "kubeletPlugin.deviceStatus=true"][..]] {
+        let without = render(&helm, "mock-gpu", NAMESPACE, args).unwrap();
+        let mut with_args = args.to_vec();
+        with_args.extend(["--set", "webhook.enabled=true"]);
+        let with = render(&helm, "mock-gpu", NAMESPACE, &with_args).unwrap();
+        assert_eq!(rbac(&without), rbac(&with), "{args:?}");
+        assert!(!rbac(&with).is_empty());
+    }
+}
+
+#[test]
+fn bad_webhook_values_fail_with_a_clear_message() {
+    let Some(helm) = helm_or_skip() else { return };
+    let bundle = format!("webhook.tls.secret.caBundle={CA_BUNDLE}");
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "secret without a name",
+            &["webhook.tls.mode=secret", &bundle],
+            "webhook.tls.secret.name is required",
+        ),
+        (
+            "secret without a bundle",
+            &["webhook.tls.mode=secret", "webhook.tls.secret.name=tls"],
+            "webhook.tls.secret.caBundle is required",
+        ),
+        (
+            "a bundle that is no PEM",
+            &[
+                "webhook.tls.mode=secret",
+                "webhook.tls.secret.name=tls",
+                "webhook.tls.secret.caBundle=bm90IGEgY2VydA==",
+            ],
+            "webhook.tls.secret.caBundle must be the base64 encoding of PEM certificates",
+        ),
+        (
+            "an issuer without a name",
+            &[
+                "webhook.tls.mode=cert-manager",
+                "webhook.tls.certManager.issuerType=issuer",
+            ],
+            "webhook.tls.certManager.issuerName is required",
+        ),
+        (
+            "a privileged port",
+            &["webhook.containerPort=443"],
+            "cannot listen on a port below 1024",
+        ),
+        (
+            "an unknown failure policy",
+            &["webhook.failurePolicy=Deny"],
+            "failurePolicy",
+        ),
+        ("an unknown TLS mode", &["webhook.tls.mode=self"], "mode"),
+        (
+            "a long timeout",
+            &["webhook.timeoutSeconds=31"],
+            "timeoutSeconds",
+        ),
+        ("an unknown key", &["webhook.replica=3"], "replica"),
+        (
+            "no service account",
+            &["webhook.serviceAccount.create=false"],
+            "webhook.serviceAccount.name is required",
+        ),
+    ];
+    for (what, sets, expected) in cases {
+        let mut args = vec!["--set", "webhook.enabled=true"];
+        for set in *sets {
+            args.extend(["--set", set]);
+        }
+        let error = render(&helm, "mock-gpu", NAMESPACE, &args)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: rendered"));
+        assert!(error.contains(expected), "{what}: {error}");
+    }
+}
+
+#[test]
+fn the_webhook_env_names_flags_of_the_webhook_binary() {
+    // Every variable the Deployment sets (all values sets with the webhook on) is one of
+    // mock-gpu-webhook's flags, except its log filter.
+    let Some(helm) = helm_or_skip() else { return };
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_mock-gpu-webhook"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let all = chart_dir().join("ci/all-options-values.yaml");
+    for args in [
+        vec!["--set", "webhook.enabled=true"],
+        vec!["-f", all.to_str().unwrap()],
+    ] {
+        let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
+        let deployment = webhook_objects(&documents)["Deployment"][0];
+        let env = env_map(&deployment["spec"]["template"]["spec"]["containers"][0]);
+        assert!(env.contains_key("DRIVER_NAME"));
+        for variable in env.keys().filter(|v| *v != "RUST_LOG") {
+            assert!(
+                help.contains(&format!("[env: {variable}=")),
+                "{args:?}: {variable} is not a flag's variable:\n{help}"
+            );
+        }
     }
 }

@@ -497,7 +497,13 @@ async fn the_demos_fit_on_one_node_one_after_the_other() {
     let running = start_kind_like_cluster().await;
     let (num_devices, _) = kind_driver_settings();
     let mut held = BTreeMap::new();
+    let denied = denied_demos();
     for demo in demos_in_order() {
+        // Refused at admission in kind: nothing of it is allocated (see
+        // the_webhook_denies_the_bad_config_and_admits_every_other_demo).
+        if denied.contains(&demo) {
+            continue;
+        }
         if demo == "gpus-on-one-nvlink-group" {
             let unconstrained = allocate_without_constraints(&running, &demo).await;
             assert_eq!(unconstrained, [10, 12], "{held:?}");
@@ -550,7 +556,8 @@ fn every_demo_has_a_readme_a_test_and_a_check() {
         assert!(common.contains(&name), "common.sh's DEMOS lacks {name}");
         assert!(
             (this.contains(&format!("run_demo(\"{name}\")"))
-                || this.contains(&format!("run_demo_with_results(\"{name}\")"))),
+                || this.contains(&format!("run_demo_with_results(\"{name}\")"))
+                || this.contains(&format!("denial_of(\"{name}\")"))),
             "no test runs {name}"
         );
     }
@@ -660,18 +667,22 @@ const GPUS_HELD: &[(&str, u32)] = &[
     ("pods-share-a-claim", 1),
     ("cel-selector", 1),
     ("opaque-configs", 2),
+    ("bad-config-denied", 0),
     ("prioritized-list", 1),
     ("partitionable-devices", 2),
     ("consumable-capacity", 0),
     ("gpus-on-one-nvlink-group", 2),
 ];
 
-/// `kubectl`: records the call; `apply` and `wait` record the demo; `logs` of a demo's
+/// `kubectl`: records the call; `apply` and `wait` record the demo (`apply` of
+/// bad-config-denied fails with `state/denial` when it exists, as the webhook denies it, and
+/// its claims are `state/stored-claims`); `logs` of a demo's
 /// container prints `state/logs/<namespace>/<pod>/<container>`, except admin-access's, which
 /// gets every GPU (`state/num-devices`) minus those the demos applied before its pods were
 /// waited for hold (the scheduler may place any applied pod first); the DaemonSet's `desiredNumberScheduled` is
 /// `state/desired`, the nodes publishing slices `state/slices`, the cluster's nodes
-/// `state/nodes`.
+/// `state/nodes`, the webhook Deployments `state/webhooks` (their `rollout status` fails when
+/// `state/rollout-fails` exists).
 const KUBECTL_STUB: &str = r#"#!/usr/bin/env bash
 set -euo pipefail
 echo "kubectl $*" >>"$STUB_STATE/calls"
@@ -680,7 +691,11 @@ case $1 in
   apply)
     demo=$(basename "$(dirname "$3")")
     echo "$demo" >>"$STUB_STATE/applied"
-    echo "namespace/$demo created" ;;
+    echo "namespace/$demo created"
+    if [[ $demo == bad-config-denied && -f $STUB_STATE/denial ]]; then
+      cat "$STUB_STATE/denial" >&2
+      exit 1
+    fi ;;
   wait)
     args="$*"; ns=${args##*-n }; ns=${ns%% *}
     if [[ $ns == admin-access && ! -f $STUB_STATE/admin-held ]]; then
@@ -700,11 +715,17 @@ case $1 in
       cat "$STUB_STATE/logs/$ns/$pod/$ctr"
     fi ;;
   -n)
-    if [[ $3 == get ]]; then cat "$STUB_STATE/desired"; else echo "plugin: no slices written"; fi ;;
+    case "$3 ${4:-}" in
+      "get daemonsets") cat "$STUB_STATE/desired" ;;
+      "get deployments") cat "$STUB_STATE/webhooks" ;;
+      "rollout status") [[ ! -f $STUB_STATE/rollout-fails ]] ;;
+      *) echo "plugin: no slices written" ;;
+    esac ;;
   get)
     case $2 in
       resourceslices) if [[ $* == *jsonpath* ]]; then cat "$STUB_STATE/slices"; else echo "NAME NODE"; fi ;;
-      resourceclaims) printf gpu/any ;;
+      resourceclaims)
+        if [[ $* == *bad-config-denied* ]]; then cat "$STUB_STATE/stored-claims"; else printf gpu/any; fi ;;
       nodes) cat "$STUB_STATE/nodes" ;;
     esac ;;
 esac
@@ -782,6 +803,12 @@ impl Stubs {
             "node/dra-mock-gpu-control-plane\nnode/dra-mock-gpu-worker\n",
         );
         stubs.set("desired", "1");
+        stubs.set(
+            "webhooks",
+            "deployment.apps/mock-gpu-mock-gpu-driver-webhook\n",
+        );
+        stubs.set("denial", DENIAL);
+        stubs.set("stored-claims", "");
         stubs.set("slices", "dra-mock-gpu-worker\n");
         stubs.set("kind-version", "kind v0.32.0 go1.25.5 linux/amd64\n");
         stubs.set("clusters", "dra-mock-gpu\n");
@@ -909,14 +936,33 @@ impl std::fmt::Debug for ScriptRun {
 
 /// The demos in the order of `DEMOS` in common.sh.
 fn demos_in_order() -> Vec<String> {
+    common_list("\nDEMOS=(")
+}
+
+/// The demos the API server must refuse: `DENIED_DEMOS` in common.sh.
+fn denied_demos() -> Vec<String> {
+    common_list("\nDENIED_DEMOS=(")
+}
+
+/// The words of the bash array that starts with `start` in common.sh.
+fn common_list(start: &str) -> Vec<String> {
     let common = std::fs::read_to_string(demos_dir().join("../common.sh")).unwrap();
-    let start = common.find("DEMOS=(").expect("DEMOS in common.sh") + "DEMOS=(".len();
-    let end = start + common[start..].find(')').unwrap();
-    common[start..end]
+    let from = common
+        .find(start)
+        .unwrap_or_else(|| panic!("{start} in common.sh"))
+        + start.len();
+    let end = from + common[from..].find(')').unwrap();
+    common[from..end]
         .split_whitespace()
         .map(str::to_owned)
         .collect()
 }
+
+/// What kubectl prints when the webhook denies bad-config-denied's claim (the stub's).
+const DENIAL: &str = "namespace/bad-config-denied created\nError from server (Invalid): error when \
+creating \"demos/bad-config-denied/demo.yaml\": admission webhook \"opaque-config.gpu.example.com\" \
+denied the request: spec.devices.config[0].opaque.parameters: invalid GpuConfig: unknown field \
+`timeSliceConfig`\n";
 
 #[test]
 fn install_driver_waits_for_the_nodes_the_daemonset_runs_on_not_every_node() {
@@ -1023,14 +1069,23 @@ fn run_demos_applies_waits_and_checks_one_demo_at_a_time_in_an_order_that_holds(
         }
     }
     assert_eq!(order, demos_in_order());
+    let denied = denied_demos();
     for demo in &order {
         for step in ["wait", "check"] {
-            assert!(
+            // A denied demo has no pods to wait for: its check is the apply.
+            let expected = step == "check" || !denied.contains(demo);
+            assert_eq!(
                 steps.contains(&(demo.clone(), step)),
-                "{demo}: no {step}: {run:?}"
+                expected,
+                "{demo}: {step}: {run:?}"
             );
         }
     }
+    assert!(
+        run.stdout
+            .contains("bad-config-denied: kubectl apply is denied"),
+        "{run:?}"
+    );
     // A request for all devices runs before any demo that holds a GPU.
     let first_other = order
         .iter()
@@ -1229,4 +1284,244 @@ fn create_cluster_requires_the_kind_release_that_built_the_node_image() {
         !run.calls.iter().any(|c| c.starts_with("kind create")),
         "{run:?}"
     );
+}
+
+// The admission webhook's side of bad-config-denied. The embedded cluster's API server calls no
+// admission webhooks, so the webhook binary the chart runs (`mock-gpu-webhook`, started here with
+// the variables the chart's Deployment sets) is sent the AdmissionReviews a real API server
+// would send for each demo's objects, over HTTPS with a test CA. Only kind shows the API server
+// calling it through the chart's ValidatingWebhookConfiguration and `kubectl apply` failing.
+
+/// The `mock-gpu-webhook` binary serving on a free local port with a test certificate.
+struct RunningWebhook {
+    child: std::process::Child,
+    client: dra_sdk_testing::admission::WebhookClient,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for RunningWebhook {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_webhook() -> RunningWebhook {
+    use dra_sdk_testing::admission::{WebhookClient, WebhookPki};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = WebhookPki::create(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_mock-gpu-webhook"))
+        .env("DRIVER_NAME", DEFAULT_DRIVER_NAME)
+        .env("WEBHOOK_PORT", port.to_string())
+        .env("TLS_CERT_FILE", &pki.cert_file)
+        .env("TLS_KEY_FILE", &pki.key_file)
+        .env("RUST_LOG", "info")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = WebhookClient::new(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        pki.ca_pem(),
+    );
+    let mut webhook = RunningWebhook {
+        child,
+        client,
+        _dir: dir,
+    };
+    // Ready as the chart's probes see it: GET /readyz answers 200.
+    for _ in 0..100 {
+        if let Ok(response) = webhook.client.request("GET", "/readyz", None).await
+            && response.status == 200
+        {
+            return webhook;
+        }
+        if let Ok(Some(status)) = webhook.child.try_wait() {
+            panic!("mock-gpu-webhook exited: {status}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("mock-gpu-webhook did not become ready");
+}
+
+/// The webhook's answer to a CREATE of every claim, claim template and DeviceClass of `demo`,
+/// by `kind/name`.
+async fn admission_of(webhook: &RunningWebhook, demo: &str) -> BTreeMap<String, Value> {
+    let documents = yaml_documents(&demos_dir().join(demo).join("demo.yaml"));
+    let mut answers = BTreeMap::new();
+    for object in documents.iter().filter(|d| {
+        ["ResourceClaim", "ResourceClaimTemplate", "DeviceClass"]
+            .contains(&d["kind"].as_str().unwrap_or_default())
+    }) {
+        let review = dra_sdk_testing::admission::review("CREATE", object, None);
+        let answer = webhook.client.review(&review).await;
+        let key = format!(
+            "{}/{}",
+            object["kind"].as_str().unwrap(),
+            object["metadata"]["name"].as_str().unwrap()
+        );
+        answers.insert(key, answer["response"].clone());
+    }
+    answers
+}
+
+/// The denial of `demo`'s one object, as `kubectl apply` prints the message.
+async fn denial_of(name: &str) -> String {
+    let webhook = start_webhook().await;
+    let answers = admission_of(&webhook, name).await;
+    assert_eq!(answers.len(), 1, "{answers:#?}");
+    let answer = answers.values().next().unwrap();
+    assert_eq!(answer["allowed"], false, "{answer}");
+    answer["status"]["message"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_denies_the_bad_config_and_admits_every_other_demo() {
+    let message = denial_of("bad-config-denied").await;
+    // The field, where it is, as check-demos.sh greps it from kubectl's output.
+    assert_contains(&message, "spec.devices.config[0].opaque.parameters");
+    assert_contains(&message, "timeSliceConfig");
+    let check = std::fs::read_to_string(demos_dir().join("../check-demos.sh")).unwrap();
+    assert_contains(&check, "MISSPELLED_FIELD=timeSliceConfig");
+    // Every other demo's claims and templates, opaque configs included, are let through.
+    let webhook = start_webhook().await;
+    let denied = denied_demos();
+    for demo in demos_in_order()
+        .iter()
+        .filter(|demo| !denied.contains(demo))
+    {
+        for (object, answer) in admission_of(&webhook, demo).await {
+            assert_eq!(answer["allowed"], true, "{demo}: {object}: {answer}");
+        }
+    }
+    // The same claim with the field spelled right is admitted.
+    let documents = yaml_documents(&demos_dir().join("bad-config-denied/demo.yaml"));
+    let mut claim = documents
+        .iter()
+        .find(|d| d["kind"] == "ResourceClaim")
+        .unwrap()
+        .clone();
+    let sharing = &mut claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"];
+    let fixed = sharing
+        .as_object_mut()
+        .unwrap()
+        .remove("timeSliceConfig")
+        .unwrap();
+    sharing["timeSlicingConfig"] = fixed;
+    let answer = webhook
+        .client
+        .review(&dra_sdk_testing::admission::review("CREATE", &claim, None))
+        .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_webhook_the_bad_config_fails_at_prepare_naming_the_same_field() {
+    // What the webhook saves the user from: the API server stores the claim, and the plugin
+    // refuses to prepare it, with the field in the error the pod's events show.
+    let running = start_kind_like_cluster().await;
+    let documents = yaml_documents(&demos_dir().join("bad-config-denied/demo.yaml"));
+    let claim = documents
+        .iter()
+        .find(|d| d["kind"] == "ResourceClaim")
+        .unwrap();
+    let (namespace, name) = (
+        claim["metadata"]["namespace"].as_str().unwrap(),
+        claim["metadata"]["name"].as_str().unwrap(),
+    );
+    create_claim(&running.cluster().client(), claim.clone()).await;
+    let allocated = allocate_claim(
+        &running.cluster().client(),
+        namespace,
+        name,
+        NODE_NAME,
+        None,
+    )
+    .await
+    .unwrap();
+    let claim_ref = claim_ref(&allocated).unwrap();
+    let mut outcomes = running
+        .kubelet()
+        .prepare(std::slice::from_ref(&claim_ref))
+        .await
+        .unwrap();
+    let error = outcomes
+        .remove(&claim_ref.uid)
+        .unwrap()
+        .expect_err("prepared a claim with a misspelled config field")
+        .to_string();
+    assert_contains(&error, "timeSliceConfig");
+}
+
+#[test]
+fn install_driver_waits_for_the_webhook_before_the_demos() {
+    let stubs = Stubs::new();
+    let run = stubs.run("install-driver.sh", &[], &[]);
+    assert!(run.success, "{run:?}");
+    let helm = run
+        .calls
+        .iter()
+        .position(|c| c.starts_with("helm "))
+        .unwrap();
+    let rollout = run
+        .calls
+        .iter()
+        .position(|c| c.contains("rollout status deployment.apps/mock-gpu-mock-gpu-driver-webhook"))
+        .unwrap_or_else(|| panic!("no rollout status: {run:?}"));
+    assert!(helm < rollout, "{run:?}");
+    assert!(
+        run.calls
+            .iter()
+            .any(|c| c.contains("get deployments")
+                && c.contains("app.kubernetes.io/component=webhook")),
+        "{run:?}"
+    );
+    // A webhook that does not become ready fails the install, with its logs.
+    let stubs = Stubs::new();
+    stubs.set("rollout-fails", "");
+    let run = stubs.run("install-driver.sh", &[], &[]);
+    assert!(!run.success, "{run:?}");
+    assert_contains(&run.stderr, "is not ready");
+    assert!(
+        !run.calls.iter().any(|c| c.contains("get resourceslices")),
+        "{run:?}"
+    );
+    // The walkthrough's values enable the webhook with Helm's certificates (no cert-manager).
+    let values = support::chart::yaml(&demos_dir().join("../driver-values.yaml"));
+    assert_eq!(
+        values["webhook"],
+        json!({ "enabled": true, "tls": { "mode": "helm" } })
+    );
+}
+
+#[test]
+fn the_bad_config_check_fails_when_the_claim_is_admitted() {
+    // Denied, naming the field: passes, and shows kubectl's message.
+    let stubs = Stubs::new();
+    let run = stubs.run("check-demos.sh", &["bad-config-denied"], &[]);
+    assert!(run.success, "{run:?}");
+    assert_contains(&run.stdout, "denied the request");
+    // Admitted (no webhook answered, failurePolicy Ignore): fails, says what to look at, and
+    // deletes the claim so that a rerun checks again.
+    let stubs = Stubs::new();
+    std::fs::remove_file(stubs.dir.path().join("state/denial")).unwrap();
+    let run = stubs.run("run-demos.sh", &["bad-config-denied"], &[]);
+    assert!(!run.success, "{run:?}");
+    assert_contains(&run.stderr, "was admitted: is the webhook running?");
+    assert!(
+        run.calls.iter().any(|c| c.contains(" delete -f ")),
+        "{run:?}"
+    );
+    // Denied for another reason (the message lacks the field): fails too.
+    let stubs = Stubs::new();
+    stubs.set(
+        "denial",
+        "Error from server (Forbidden): namespaces \"bad-config-denied\" is forbidden\n",
+    );
+    let run = stubs.run("check-demos.sh", &["bad-config-denied"], &[]);
+    assert!(!run.success, "{run:?}");
 }

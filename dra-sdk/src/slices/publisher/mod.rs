@@ -75,6 +75,24 @@ fn feature_list(features: &BTreeSet<FeatureGate>) -> String {
         .join(", ")
 }
 
+/// What the publisher does about dropped fields: leaves them out, and withholds the devices
+/// whose meaning depends on a dropped field (see [`FeatureGate::withholds_devices`]).
+fn dropped_policy(features: &BTreeSet<FeatureGate>) -> String {
+    let withheld: Vec<&str> = features
+        .iter()
+        .filter(|gate| gate.withholds_devices())
+        .map(|gate| gate.name())
+        .collect();
+    if withheld.is_empty() {
+        "publishing without those fields".to_owned()
+    } else {
+        format!(
+            "publishing without those fields and withholding the devices that need {} (without it the scheduler would allocate them wrongly)",
+            withheld.join(", ")
+        )
+    }
+}
+
 /// A problem the publisher ran into. All of them are retried (validation errors once the
 /// driver publishes new resources); they are reported so the driver can surface them.
 #[derive(Debug, thiserror::Error)]
@@ -145,10 +163,13 @@ pub enum PublishError {
         errors: ValidationErrors,
     },
     /// The server dropped fields because feature gates are disabled; the publisher keeps
-    /// publishing without those fields instead of rewriting the slice forever.
+    /// publishing without those fields instead of rewriting the slice forever, and withholds
+    /// devices that cannot be published safely without theirs
+    /// ([`FeatureGate::withholds_devices`]).
     #[error(
-        "the API server dropped fields of ResourceSlice {slice:?} (pool {pool:?}) because these feature gates are disabled: {}; publishing without those fields",
-        feature_list(.features)
+        "the API server dropped fields of ResourceSlice {slice:?} (pool {pool:?}) because these feature gates are disabled: {}; {}",
+        feature_list(.features),
+        dropped_policy(.features)
     )]
     DroppedFields {
         /// The pool.
@@ -265,6 +286,7 @@ struct Options {
     release: Option<KubernetesVersion>,
     write_concurrency: usize,
     field_manager: Option<String>,
+    skip_node_operations: bool,
 }
 
 impl Default for Options {
@@ -278,6 +300,7 @@ impl Default for Options {
             release: None,
             write_concurrency: 8,
             field_manager: None,
+            skip_node_operations: false,
         }
     }
 }
@@ -412,6 +435,20 @@ impl ResourceSlicePublisher {
     /// The field manager of writes (default: the driver name).
     pub fn field_manager(mut self, manager: impl Into<String>) -> Self {
         self.options.field_manager = Some(manager.into());
+        self
+    }
+
+    /// Marks the driver's devices as needing no node preparation: slices with devices carry
+    /// `skipNodeOperations: [NodePrepareResources, NodeUnprepareResources]` (Kubernetes 1.37
+    /// alpha, feature gate `DRAOptionalNodeOperations`), so a kubelet with the gate skips
+    /// those calls for claims whose devices all come from such slices.
+    ///
+    /// Left out where the server's release predates 1.37 or the application's k8s-openapi
+    /// version feature lacks the field, and reported as a dropped field when the server
+    /// drops it; in all those cases the kubelet keeps calling prepare and unprepare, which
+    /// the plugin must still serve.
+    pub fn skip_node_operations(mut self) -> Self {
+        self.options.skip_node_operations = true;
         self
     }
 

@@ -376,6 +376,7 @@ impl Reconciler {
             owner: connection.owner.as_ref(),
             limits: &connection.limits,
             disabled: &self.disabled,
+            skip_node_operations: self.options.skip_node_operations,
         };
         let started = std::time::Instant::now();
         let prepared = match &self.prepared {

@@ -53,13 +53,7 @@ struct Cli {
 async fn main() -> ExitCode {
     // Errors only by default: on a mock machine the driver rightly warns that it finds no
     // driver libraries, which is noise in a demo (RUST_LOG=warn shows it).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    dra_sdk::cli::LogFormat::from_env().init_logging(tracing::level_filters::LevelFilter::ERROR);
     let cli = Cli::parse();
     let target = match target(&cli).await {
         Ok(target) => target,

@@ -13,6 +13,8 @@ use dra_sdk_testing::cluster::BOOT_ID;
 
 use super::*;
 
+mod layouts;
+
 const GATES: &str = "DynamicMIG=true";
 
 async fn start_dynamic(profile: &str) -> Running {

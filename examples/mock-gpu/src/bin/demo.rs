@@ -61,12 +61,9 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The SDK's logging set-up (`LOG_FORMAT`, colour only on a terminal), warnings and errors
+    // unless RUST_LOG says more: the demo's report is on stdout.
+    dra_sdk::cli::LogFormat::from_env().init_logging(tracing::level_filters::LevelFilter::WARN);
     let cli = Cli::parse();
     let (target, default_driver) = match &cli.kubeconfig {
         None => (Target::Embedded, DEFAULT_DRIVER_NAME.to_owned()),

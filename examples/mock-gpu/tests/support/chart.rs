@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub use super::shared::{
-    OpenApi, assert_all_options_documented, assert_plugin_rules, decode, describe, env_map,
-    find_kind, helm_or_skip, leaves, validate_all, yaml, yaml_documents,
+    OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
+    assert_webhook_shape, decode, describe, env_map, find_kind, helm_or_skip, leaves, secret_data,
+    tls_handshake, validate_all, webhook_objects, yaml, yaml_documents,
 };
 
 pub fn chart_dir() -> PathBuf {

@@ -169,7 +169,8 @@ older kubeletPlugin.containers.gpus.additionalXidsToIgnore (a comma-separated st
 {{/* Upstream values this chart accepts but that have no effect here, one
 `<value>: <why>` per line, for the warnings of NOTES.txt (see the README). A value counts
 as set when it is present and not empty (or false): upstream's own defaults of its
-ComputeDomain and webhook sections warn too, since they do nothing here either. */}}
+ComputeDomain section warn too, since they do nothing here either. The webhook section is
+honoured (templates/webhook*.yaml). */}}
 {{- define "dra-driver-nvidia-gpu.noEffect" -}}
 {{- $v := .Values }}
 {{- $out := list }}
@@ -189,9 +190,6 @@ ComputeDomain and webhook sections warn too, since they do nothing here either. 
 {{- end }}
 {{- if $v.controller }}
 {{- $out = append $out "controller: no ComputeDomain controller is installed" }}
-{{- end }}
-{{- if gt (len (omit $v.webhook "enabled")) 0 }}
-{{- $out = append $out "webhook: no admission webhook is installed (the plugin validates opaque configs when it prepares)" }}
 {{- end }}
 {{- with $v.kubeletPlugin.containers.computeDomains }}
 {{- $out = append $out "kubeletPlugin.containers.computeDomains: no ComputeDomain plugin container is installed" }}
