@@ -580,6 +580,20 @@ pub fn tls_handshake(
     Err("the handshake did not complete".to_owned())
 }
 
+/// The rendered RBAC objects (Roles, ClusterRoles and their bindings), for comparing the
+/// permissions two renderings grant.
+pub fn rbac_objects(documents: &[Value]) -> Vec<Value> {
+    documents
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|k| k.ends_with("Role") || k.ends_with("RoleBinding"))
+        })
+        .cloned()
+        .collect()
+}
+
 /// The objects of a chart's validating admission webhook (`webhook.enabled`) among rendered
 /// `documents`: those labelled `app.kubernetes.io/component: webhook`, by kind.
 pub fn webhook_objects(documents: &[Value]) -> BTreeMap<String, Vec<&Value>> {

@@ -1347,17 +1347,7 @@ fn secret_and_cert_manager_modes_render_as_documented() {
 #[test]
 fn the_webhook_leaves_the_plugins_rbac_unchanged() {
     let Some(helm) = helm_or_skip() else { return };
-    let rbac = |documents: &[Value]| -> Vec<Value> {
-        documents
-            .iter()
-            .filter(|d| {
-                d["kind"]
-                    .as_str()
-                    .is_some_and(|k| k.ends_with("Role") || k.ends_with("RoleBinding"))
-            })
-            .cloned()
-            .collect()
-    };
+    let rbac = shared::rbac_objects;
     for extra in [&[][..], &["--set", "featureGates.MPSSupport=true"][..]] {
         let mut without = vec!["--set", "gpuResourcesEnabledOverride=true"];
         without.extend_from_slice(extra);

@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use support::chart::{
     OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
-    assert_webhook_shape, chart_dir, describe, env_map, find_kind, helm_or_skip, render,
-    secret_data, tls_handshake, validate_all, values_sets, webhook_objects,
+    assert_webhook_shape, chart_dir, describe, env_map, find_kind, helm_or_skip, rbac_objects,
+    render, secret_data, tls_handshake, validate_all, values_sets, webhook_objects,
 };
 
 const NAMESPACE: &str = "dra-mock-gpu";
@@ -487,17 +487,7 @@ fn secret_mode_mounts_the_users_secret_and_uses_its_ca_bundle() {
 #[test]
 fn the_webhook_leaves_the_plugins_rbac_unchanged() {
     let Some(helm) = helm_or_skip() else { return };
-    let rbac = |documents: &[Value]| -> Vec<Value> {
-        documents
-            .iter()
-            .filter(|d| {
-                d["kind"]
-                    .as_str()
-                    .is_some_and(|k| k.ends_with("Role") || k.ends_with("RoleBinding"))
-            })
-            .cloned()
-            .collect()
-    };
+    let rbac = rbac_objects;
     for args in [&[][..], &["--set", "kubeletPlugin.deviceStatus=true"][..]] {
         let without = render(&helm, "mock-gpu", NAMESPACE, args).unwrap();
         let mut with_args = args.to_vec();

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 pub use super::shared::{
     OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
-    assert_webhook_shape, decode, describe, env_map, find_kind, helm_or_skip, leaves, secret_data,
-    tls_handshake, validate_all, webhook_objects, yaml, yaml_documents,
+    assert_webhook_shape, decode, describe, env_map, find_kind, helm_or_skip, leaves, rbac_objects,
+    secret_data, tls_handshake, validate_all, webhook_objects, yaml, yaml_documents,
 };
 
 pub fn chart_dir() -> PathBuf {
