@@ -158,7 +158,7 @@ pub fn derive_device_attributes(input: TokenStream) -> TokenStream {
 /// assert_eq!(
 ///     error.to_string(),
 ///     "invalid GpuConfig (gpu.example.com/v1): sharing.timeSlicingConfig.interval: \
-///      unknown variant `Fast`, expected one of `Default`, `Short`, `Medium`, `Long`",
+///      unknown variant, expected one of `Default`, `Short`, `Medium`, `Long`",
 /// );
 /// # }
 /// ```

@@ -349,6 +349,7 @@ impl KubeletSimulator {
             health_advertised: health_api.is_some(),
             health_api,
             channel,
+            endpoint,
         })
     }
 
@@ -418,9 +419,21 @@ pub struct RegisteredPlugin {
     /// The health service this kubelet chose (see [`KubeletSimulator::choose_health`]).
     pub health_api: Option<HealthApi>,
     channel: Channel,
+    /// The DRA socket the channel dialled.
+    endpoint: PathBuf,
 }
 
 impl RegisteredPlugin {
+    /// The same plugin over a connection of its own: the DRA socket dialled again. Clones of a
+    /// `RegisteredPlugin` share one HTTP/2 connection; a kubelet that restarted, or a second
+    /// process calling the plugin, comes on another.
+    pub async fn connect_again(&self) -> Result<RegisteredPlugin, KubeletError> {
+        Ok(RegisteredPlugin {
+            channel: dial(&self.endpoint).await?,
+            ..self.clone()
+        })
+    }
+
     /// `NodePrepareResources` with the kubelet's deadline and response checks.
     pub async fn prepare(
         &self,

@@ -47,6 +47,7 @@ pub mod cri;
 pub mod deliverables;
 pub mod demo;
 pub mod e2e;
+pub mod faults;
 pub mod kubelet;
 pub mod recordings;
 pub mod sample_driver;

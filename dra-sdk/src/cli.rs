@@ -96,6 +96,18 @@ pub struct PluginArgs {
     )]
     pub kube_api_prepare_burst: u32,
 
+    /// How long a prepare may spend reading one ResourceClaim from the API server, retries
+    /// of 5xx, 429 and dropped connections included (`10s`, `1500ms`, `1m`; a bare number is
+    /// seconds). A claim whose read takes longer fails alone with "timed out after …" and the
+    /// kubelet retries it; keep it well under the kubelet's 45 s deadline for the whole call.
+    #[arg(
+        long,
+        env = "CLAIM_READ_TIMEOUT",
+        default_value = "10s",
+        value_parser = parse_timeout
+    )]
+    pub claim_read_timeout: std::time::Duration,
+
     /// Worker threads of the plugin's async runtime ([`PluginArgs::runtime`]). Default: the
     /// CPUs available to the process, at most 4. A plugin waits on the kubelet, the API server
     /// and the disk; on a node with 128 CPUs, one worker per CPU only adds idle threads and
@@ -321,6 +333,28 @@ impl PluginArgs {
     }
 }
 
+/// A positive duration: a number with `ms`, `s` or `m`, or a bare number of seconds.
+fn parse_timeout(value: &str) -> Result<std::time::Duration, String> {
+    let value = value.trim();
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        other => return Err(format!("unknown unit {other:?} (use ms, s or m)")),
+    };
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{value:?} is not a duration such as 10s or 1500ms"))?;
+    std::time::Duration::try_from_secs_f64(number * scale)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{value:?} is not a positive duration"))
+}
+
 /// The format a `LOG_FORMAT` value names (case-insensitive, like the flag), and a line saying
 /// why an unknown one is ignored.
 fn log_format_from(value: Option<&std::ffi::OsStr>) -> (LogFormat, Option<String>) {
@@ -413,6 +447,20 @@ fn parse_endpoint(value: &str) -> Result<Option<SocketAddr>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claim_read_timeouts_parse_with_units_and_refuse_nonsense() {
+        use std::time::Duration;
+        assert_eq!(parse_timeout("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_timeout("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_timeout("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_timeout("2.5"), Ok(Duration::from_millis(2500)));
+        assert!(parse_timeout("0s").unwrap_err().contains("positive"));
+        assert!(parse_timeout("10h").unwrap_err().contains("unit"));
+        assert!(parse_timeout("s").is_err());
+        assert!(parse_timeout("-1s").is_err());
+        assert!(parse_timeout("1e400").is_err());
+    }
 
     #[test]
     fn endpoints_parse_like_the_go_drivers() {

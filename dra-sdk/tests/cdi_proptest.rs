@@ -1,12 +1,15 @@
-//! Property tests: name parsing against a model of the rules, and the edits builder through
-//! validation, serialization, the writer and the official schema.
+//! Property tests: name parsing against a model of the rules, the edits builder through
+//! validation, serialization, the writer and the official schema, and hostile spec documents
+//! (arbitrary bytes, broken text, well-formed specs with wrong values) through the parser.
 
 mod cdi_common;
 
 use dra_sdk::advanced::cdi::{
     CdiDevice, ClaimDevice, IntelRdt, NetDevice, QualifiedName, Spec, SpecWriter,
 };
-use dra_sdk::cdi::{ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, Kind, Mount};
+use dra_sdk::cdi::{
+    CdiError, ContainerEdits, DeviceNode, DeviceNodeType, Hook, HookName, Kind, Mount,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -435,4 +438,315 @@ fn valid_builder_output_is_written_read_back_and_matches_the_schema() {
             Ok(())
         })
         .unwrap();
+}
+
+// ---- hostile documents ----------------------------------------------------------------------
+
+/// Whether an error says where the problem is: a field path, a line and column, or the field
+/// or rule it names.
+fn located(err: &CdiError) -> bool {
+    let text = err.to_string();
+    match err {
+        CdiError::Parse { message, .. } => {
+            let path = message.split_once(": ").is_some_and(|(path, _)| {
+                !path.is_empty()
+                    && path
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._[]".contains(c))
+            });
+            path || message.contains("line") || message.contains('`')
+        }
+        CdiError::InvalidSpec { field, .. } => !field.is_empty() && text.contains(field.as_str()),
+        CdiError::VersionTooLow { .. } => text.contains("cdiVersion"),
+        CdiError::InvalidName { .. } | CdiError::Empty => true,
+        _ => false,
+    }
+}
+
+/// Mostly what the field wants, sometimes any other JSON.
+fn or_wrong(
+    good: impl Strategy<Value = serde_json::Value> + 'static,
+) -> BoxedStrategy<serde_json::Value> {
+    use serde_json::Value;
+    let wrong = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        Just(Value::from(u64::MAX)),
+        Just(Value::from(1.5)),
+        ".{0,10}".prop_map(Value::from),
+        Just(serde_json::json!([])),
+        Just(serde_json::json!({"unknownField": 1})),
+    ];
+    prop_oneof![20 => good, 1 => wrong].boxed()
+}
+
+fn text(pattern: &'static str) -> BoxedStrategy<serde_json::Value> {
+    or_wrong(pattern.prop_map(serde_json::Value::from))
+}
+
+fn one_of(values: &'static [&'static str]) -> BoxedStrategy<serde_json::Value> {
+    or_wrong(prop::sample::select(values).prop_map(serde_json::Value::from))
+}
+
+fn list(item: BoxedStrategy<serde_json::Value>) -> BoxedStrategy<serde_json::Value> {
+    or_wrong(prop::collection::vec(item, 0..3).prop_map(serde_json::Value::from))
+}
+
+/// An object of `fields`, each present with its probability.
+fn object(
+    fields: Vec<(&'static str, BoxedStrategy<serde_json::Value>, f64)>,
+) -> BoxedStrategy<serde_json::Value> {
+    let mut names = Vec::new();
+    let mut values = Vec::new();
+    for (name, value, present) in fields {
+        names.push(name);
+        values.push(prop::option::weighted(present, value));
+    }
+    or_wrong(values.prop_map(move |values| {
+        let object: serde_json::Map<_, _> = names
+            .iter()
+            .zip(values)
+            .filter_map(|(name, value)| value.map(|value| ((*name).to_owned(), value)))
+            .collect();
+        serde_json::Value::Object(object)
+    }))
+}
+
+const SPEC_PATH: &str = "(/[a-z0-9]{1,6}){1,3}|(/[a-z0-9]{1,6}){1,3}|[a-z./]{0,8}";
+
+fn edits_value() -> BoxedStrategy<serde_json::Value> {
+    let node = object(vec![
+        ("path", text(SPEC_PATH), 0.95),
+        ("hostPath", text(SPEC_PATH), 0.6),
+        ("type", one_of(&["c", "b", "u", "p", "x"]), 0.3),
+        ("permissions", one_of(&["rwm", "r", "rwx", ""]), 0.3),
+        (
+            "major",
+            or_wrong((-2i64..300).prop_map(serde_json::Value::from)),
+            0.3,
+        ),
+    ]);
+    let mount = object(vec![
+        ("hostPath", text(SPEC_PATH), 0.6),
+        ("containerPath", text(SPEC_PATH), 0.95),
+        ("type", one_of(&["bind", "tmpfs", ""]), 0.3),
+        ("options", list(one_of(&["ro", "rbind", "nosuid"])), 0.3),
+    ]);
+    let hook = object(vec![
+        (
+            "hookName",
+            one_of(&["createRuntime", "prestart", "startContainer", "bogus"]),
+            0.95,
+        ),
+        ("path", text(SPEC_PATH), 0.95),
+        ("args", list(text("[a-z-]{0,6}")), 0.3),
+        (
+            "timeout",
+            or_wrong((-2i64..5).prop_map(serde_json::Value::from)),
+            0.3,
+        ),
+    ]);
+    object(vec![
+        (
+            "env",
+            list(text("[A-Z]{1,4}=[a-z0-9]{0,4}|[A-Z_]{0,4}=?[a-z0-9]{0,4}")),
+            0.6,
+        ),
+        ("deviceNodes", list(node), 0.3),
+        ("mounts", list(mount), 0.3),
+        ("hooks", list(hook), 0.3),
+        (
+            "additionalGids",
+            list(or_wrong((0u32..5).prop_map(serde_json::Value::from))),
+            0.3,
+        ),
+    ])
+}
+
+/// A spec document's JSON: well-formed, with right and wrong values in every field.
+fn spec_value() -> BoxedStrategy<serde_json::Value> {
+    let device = object(vec![
+        (
+            "name",
+            text("[a-z0-9]{1,4}|[a-z0-9]{1,4}|[a-z_.:-]{0,6}"),
+            0.97,
+        ),
+        (
+            "annotations",
+            or_wrong(
+                prop::collection::btree_map("[a-z./]{1,8}", ".{0,6}", 0..3)
+                    .prop_map(|map| serde_json::json!(map)),
+            ),
+            0.3,
+        ),
+        ("containerEdits", edits_value(), 0.9),
+        ("unknownField", text("[a-z]{0,3}"), 0.03),
+    ]);
+    object(vec![
+        (
+            "cdiVersion",
+            one_of(&[
+                "0.3.0", "0.5.0", "0.6.0", "0.8.0", "1.0.0", "1.1.0", "1.1.0", "1.1.0", "9.9.9",
+            ]),
+            0.97,
+        ),
+        (
+            "kind",
+            one_of(&[
+                "vendor.com/class",
+                "vendor.com/class",
+                "vendor.com/class",
+                "vendor.com",
+                "v/c/d",
+            ]),
+            0.97,
+        ),
+        ("devices", list(device), 0.97),
+        ("containerEdits", edits_value(), 0.9),
+    ])
+}
+
+/// The same document as block YAML: keys and scalars as JSON strings, valid YAML.
+fn to_yaml(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    fn scalar(value: &Value) -> Option<String> {
+        match value {
+            Value::Array(items) if items.is_empty() => Some("[]".into()),
+            Value::Object(object) if object.is_empty() => Some("{}".into()),
+            Value::Array(_) | Value::Object(_) => None,
+            other => Some(other.to_string()),
+        }
+    }
+    fn write(value: &Value, indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        match value {
+            Value::Object(object) if !object.is_empty() => {
+                for (key, item) in object {
+                    out.push_str(&format!("{pad}{}:", Value::from(key.as_str())));
+                    match scalar(item) {
+                        Some(text) => out.push_str(&format!(" {text}\n")),
+                        None => {
+                            out.push('\n');
+                            write(item, indent + 2, out);
+                        }
+                    }
+                }
+            }
+            Value::Array(items) if !items.is_empty() => {
+                for item in items {
+                    out.push_str(&format!("{pad}-"));
+                    match scalar(item) {
+                        Some(text) => out.push_str(&format!(" {text}\n")),
+                        None => {
+                            out.push('\n');
+                            write(item, indent + 2, out);
+                        }
+                    }
+                }
+            }
+            other => out.push_str(&format!("{pad}{}\n", scalar(other).unwrap_or_default())),
+        }
+    }
+    let mut out = String::new();
+    write(value, 0, &mut out);
+    out
+}
+
+proptest! {
+    #![proptest_config(Config::with_cases(256))]
+
+    /// Well-formed JSON and YAML specs with wrong values anywhere (types, relative paths,
+    /// bad names, env without `=`, unknown hook names and fields, unknown versions): never a
+    /// panic; a rejection says where (the field path, or line and column); an accepted spec
+    /// passes validation and reads back from its own JSON.
+    #[test]
+    fn wrong_specs_fail_with_the_field_named(spec in spec_value(), yaml in any::<bool>()) {
+        let document = if yaml { to_yaml(&spec).into_bytes() } else { spec.to_string().into_bytes() };
+        match Spec::parse(&document) {
+            Err(err) => prop_assert!(located(&err), "unlocated error: {err}"),
+            Ok(parsed) => {
+                prop_assert!(parsed.validate().is_ok());
+                let again = Spec::parse(&parsed.to_json().unwrap()).unwrap();
+                prop_assert_eq!(again, parsed);
+            }
+        }
+    }
+
+    /// The same documents cut short and with bytes overwritten, and arbitrary bytes: never a
+    /// panic, and every error says where.
+    #[test]
+    fn broken_spec_text_never_panics(
+        spec in spec_value(),
+        yaml in any::<bool>(),
+        cut in any::<prop::sample::Index>(),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..3),
+        noise in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let mut document = if yaml { to_yaml(&spec).into_bytes() } else { spec.to_string().into_bytes() };
+        document.truncate(cut.index(document.len() + 1));
+        for (at, byte) in flips {
+            if !document.is_empty() {
+                let at = at.index(document.len());
+                document[at] = byte;
+            }
+        }
+        for document in [document, noise] {
+            if let Err(err) = Spec::parse(&document) {
+                prop_assert!(located(&err), "unlocated error: {err}");
+            }
+        }
+    }
+}
+
+/// `read_file` names the file in every error, whatever is at the path.
+#[test]
+fn read_file_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.json");
+    std::fs::write(&garbage, b"{\"cdiVersion\": \"0.3.0\", \"kind\": 7}").unwrap();
+    let empty = dir.path().join("empty.yaml");
+    std::fs::write(&empty, b"").unwrap();
+    for path in [
+        garbage,
+        empty,
+        dir.path().join("missing.json"),
+        dir.path().to_owned(),
+    ] {
+        let err = Spec::read_file(&path).unwrap_err();
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+}
+
+/// The generator of wrong specs reaches every stage: some documents parse and validate, some
+/// fail validation inside a device, some fail to parse inside a device; otherwise the property
+/// above would test little.
+#[test]
+fn wrong_spec_generator_reaches_validation() {
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let counts = std::cell::RefCell::new([0usize; 3]);
+    runner
+        .run(&spec_value(), |spec| {
+            let mut counts = counts.borrow_mut();
+            match Spec::parse(spec.to_string().as_bytes()) {
+                Ok(_) => counts[0] += 1,
+                Err(CdiError::InvalidSpec {
+                    device: Some(_), ..
+                }) => counts[1] += 1,
+                Err(CdiError::Parse { message, .. }) if message.starts_with("devices[") => {
+                    counts[2] += 1
+                }
+                Err(_) => {}
+            }
+            Ok(())
+        })
+        .unwrap();
+    let counts = counts.into_inner();
+    assert!(counts.iter().all(|&count| count > 0), "{counts:?}");
 }

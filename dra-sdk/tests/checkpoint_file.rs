@@ -202,7 +202,7 @@ fn newer_version_is_read_best_effort_and_its_data_kept() {
         "claims": {
             "done": { "namespace": "ns", "name": "done", "state": "PrepareCompleted",
                       "devices": [{ "pool": "p", "device": "gpu-0", "sharing": "mps" }] },
-            "odd": { "namespace": "ns", "name": "odd", "state": "UnprepareStarted" },
+            "odd": { "namespace": "ns", "name": "odd", "state": "ReleaseStarted" },
             "alien": { "namespace": "ns", "name": "alien", "devices": { "v3": "map" } },
         },
         "claimIndex": [1, 2, 3],
@@ -222,7 +222,7 @@ fn newer_version_is_read_best_effort_and_its_data_kept() {
     assert!(records["done"].is_completed());
     assert_eq!(
         records["odd"].state,
-        ClaimState::Unrecognized("UnprepareStarted".into())
+        ClaimState::Unrecognized("ReleaseStarted".into())
     );
     assert!(!records["odd"].is_completed());
     assert_eq!(checkpoint.get("alien").unwrap(), None);
@@ -237,7 +237,7 @@ fn newer_version_is_read_best_effort_and_its_data_kept() {
     assert_eq!(on_disk["data"]["claimIndex"], json!([1, 2, 3]));
     let claims = &on_disk["data"]["claims"];
     assert_eq!(claims["alien"]["devices"], json!({ "v3": "map" }));
-    assert_eq!(claims["odd"]["state"], "UnprepareStarted");
+    assert_eq!(claims["odd"]["state"], "ReleaseStarted");
     assert_eq!(claims["done"]["devices"][0]["sharing"], "mps");
     assert_eq!(claims["new"]["name"], "new");
 

@@ -1061,3 +1061,217 @@ async fn a_1_36_server_gets_no_skip_node_operations_and_refuses_the_rest_by_name
     );
     handle.stop().await;
 }
+
+// --- API server faults: backoff (counted requests) and convergence ---------------------------
+
+/// How long each fault lasts in the tests below.
+const FAULT_WINDOW: Duration = Duration::from_millis(1500);
+
+/// The most ResourceSlice requests of one kind the test publisher (backoff 10 ms doubling to
+/// 200 ms, jitter in the upper half) may send in [`FAULT_WINDOW`] against a failing server:
+/// about 6 while the backoff grows, then one per 100–200 ms. A publisher without backoff sends
+/// hundreds.
+const STORM_BOUND: u64 = 25;
+
+/// Publishes 4 GPUs, syncs, zeroes the counters, lets `inject` break the server, hot-plugs a
+/// fifth GPU and waits `window`. Returns the ResourceSlice requests the server saw during the
+/// fault; then clears the faults and checks that the publisher converges to the 5 GPUs.
+async fn through_a_fault(
+    env: &Env,
+    publisher: ResourceSlicePublisher,
+    window: Duration,
+    inject: impl FnOnce(&dra_sdk_testing::apiserver::Faults),
+) -> dra_sdk_testing::apiserver::VerbCounts {
+    let mut devices = gpus(4);
+    let handle = publisher.spawn(pool_of(devices.clone()));
+    synced(&handle).await;
+    env.server.reset_stats();
+    inject(&env.server.faults());
+    devices.push(Device::new("gpu-hotplugged"));
+    handle.update(pool_of(devices.clone()));
+    tokio::time::sleep(window).await;
+    let during = env.server.stats().resource("resourceslices");
+    env.server.faults().clear();
+    synced(&handle).await;
+    let names = assert_consistent_pool(&env.slices(), NODE);
+    let expected: Vec<String> = devices.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(
+        names.iter().collect::<BTreeSet<_>>(),
+        expected.iter().collect::<BTreeSet<_>>()
+    );
+    handle.stop().await;
+    during
+}
+
+/// A client without kube's own retries of 429/503/504, so that the publisher's backoff is what
+/// the server sees.
+fn client_without_retries(env: &Env) -> kube::Client {
+    let mut config = env.server.config().unwrap();
+    config.default_retry = false;
+    kube::Client::try_from(config).unwrap()
+}
+
+fn publisher_with(client: kube::Client) -> ResourceSlicePublisher {
+    ResourceSlicePublisher::for_node(client, DRIVER, NODE)
+        .sync_delay(Duration::from_millis(20))
+        .backoff(Duration::from_millis(10), Duration::from_millis(200))
+}
+
+#[tokio::test]
+async fn the_publisher_backs_off_under_5xx_and_converges() {
+    for code in [500, 503] {
+        let env = env().await;
+        let publisher = publisher_with(client_without_retries(&env));
+        let during = through_a_fault(&env, publisher, FAULT_WINDOW, |faults| {
+            faults.inject(
+                Fault::status(code)
+                    .resource("resourceslices")
+                    .verb(Verb::Update)
+                    .always(),
+            );
+        })
+        .await;
+        assert!(during.update >= 3, "{code}: only {} updates", during.update);
+        assert!(
+            during.update <= STORM_BOUND,
+            "{code}: {} updates in {FAULT_WINDOW:?}",
+            during.update
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_publisher_backs_off_under_429_with_retry_after_and_converges() {
+    // Both with kube's default client (its retry layer honours Retry-After) and without it
+    // (the publisher's own rounds do).
+    let window = Duration::from_millis(2500);
+    for retries in [true, false] {
+        let env = env().await;
+        let client = if retries {
+            env.server.client().unwrap()
+        } else {
+            client_without_retries(&env)
+        };
+        let during = through_a_fault(&env, publisher_with(client), window, |faults| {
+            faults.inject(
+                Fault::status(429)
+                    .retry_after(1)
+                    .resource("resourceslices")
+                    .verb(Verb::Update)
+                    .always(),
+            );
+        })
+        .await;
+        // One at the start, then one per second: 3 in 2.5 s. The backoff alone would allow ~15.
+        assert!(
+            (2..=4).contains(&during.update),
+            "kube retries {retries}: {} updates in {window:?} with Retry-After: 1",
+            during.update
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_publisher_backs_off_under_connection_resets_and_converges() {
+    let env = env().await;
+    let publisher = publisher_with(env.server.client().unwrap());
+    let errors = problems(&publisher);
+    let during = through_a_fault(&env, publisher, FAULT_WINDOW, |faults| {
+        // Every write and every re-watch is cut off mid-body; the open watch is closed so the
+        // publisher must re-watch.
+        faults.inject(
+            Fault::reset_mid_body()
+                .resource("resourceslices")
+                .verb(Verb::Update)
+                .always(),
+        );
+        faults.inject(
+            Fault::reset_mid_body()
+                .resource("resourceslices")
+                .verb(Verb::Watch)
+                .always(),
+        );
+        faults.drop_watches();
+    })
+    .await;
+    assert!(during.watch >= 2, "only {} re-watches", during.watch);
+    for (verb, count) in [("watches", during.watch), ("updates", during.update)] {
+        assert!(count <= STORM_BOUND, "{count} {verb} in {FAULT_WINDOW:?}");
+    }
+    // kube's watcher takes a cut watch for a normal end (no error; the publisher's watch
+    // pacing is what keeps the re-watches apart); a cut write is an error, retried with backoff.
+    assert!(
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("updating ResourceSlice") && e.contains("body")),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_publisher_rewatches_closed_watches_and_relists_after_410_gone() {
+    let env = env_with(FakeApiServer::builder().history_limit(20)).await;
+    let publisher = env.publisher();
+    let errors = problems(&publisher);
+    let mut devices = gpus(4);
+    let handle = publisher.spawn(pool_of(devices.clone()));
+    synced(&handle).await;
+    let faults = env.server.faults();
+
+    // Closed watches: each close costs one re-watch, no more.
+    env.server.reset_stats();
+    let closes = 10;
+    for _ in 0..closes {
+        faults.drop_watches();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let watches = env.server.stats().resource("resourceslices").watch;
+    assert!(
+        (1..=closes + 2).contains(&watches),
+        "{watches} watches for {closes} closes"
+    );
+    synced(&handle).await;
+
+    // Re-watches refused while the history moves past the publisher's resourceVersion: the
+    // re-watch then gets 410 Expired, and the publisher lists again.
+    faults.reject_watches(500);
+    faults.drop_watches();
+    eventually("a refused re-watch", || {
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("watching ResourceSlices"))
+    })
+    .await;
+    for i in 0..30 {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": format!("filler-{i}")},
+        }))
+        .unwrap();
+        env.server.insert(&node).unwrap();
+    }
+    devices.push(Device::new("gpu-hotplugged"));
+    handle.update(pool_of(devices.clone()));
+    env.server.reset_stats();
+    faults.clear();
+    eventually("the expired re-watch to be reported", || {
+        errors
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.contains("too old resource version"))
+    })
+    .await;
+    eventually("a re-list", || {
+        env.server.stats().resource("resourceslices").list >= 1
+    })
+    .await;
+    synced(&handle).await;
+    let names = assert_consistent_pool(&env.slices(), NODE);
+    assert_eq!(names.len(), 5);
+    assert!(names.contains(&"gpu-hotplugged".to_owned()));
+    handle.stop().await;
+}

@@ -1,4 +1,4 @@
-//! Fault injection: failing requests, latency, dropped watches.
+//! Fault injection: failing requests, responses cut off mid-body, latency, dropped watches.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -10,7 +10,8 @@ use super::status::ApiError;
 
 /// A failure to inject: which requests it hits, what they get, and how many times.
 ///
-/// Built from [`Fault::status`] and narrowed with the other methods; handed to
+/// Built from [`Fault::status`] (an error answer), [`Fault::reset_mid_body`] (a connection
+/// that drops in the middle of the answer) or [`Fault::delayed`] (a slow answer) and narrowed with the other methods; handed to
 /// [`Faults::inject`].
 ///
 /// ```
@@ -24,7 +25,7 @@ use super::status::ApiError;
 pub struct Fault {
     verb: Option<Verb>,
     resource: Option<String>,
-    code: u16,
+    effect: Effect,
     remaining: Option<u32>,
     message: Option<String>,
     retry_after: Option<u32>,
@@ -38,10 +39,35 @@ impl Fault {
         Self {
             verb: None,
             resource: None,
-            code,
+            effect: Effect::Status(code),
             remaining: Some(1),
             message: None,
             retry_after: None,
+        }
+    }
+
+    /// Lets the next matching request (once, any verb, any resource) run and starts its real
+    /// answer (status line, headers and about half of the body, or the first chunk of a watch),
+    /// then drops the connection, as a dying API server or a proxy in between does. A write
+    /// has taken effect by then: the client cannot tell, as with a real reset. The client sees
+    /// a body that ends early (hyper: "end of file before message length reached" or an
+    /// incomplete chunked message), not an HTTP status. [`message`](Self::message) and
+    /// [`retry_after`](Self::retry_after) do not apply.
+    pub fn reset_mid_body() -> Self {
+        Self {
+            effect: Effect::ResetMidBody,
+            ..Self::status(200)
+        }
+    }
+
+    /// Holds the next matching request (once, any verb, any resource) for `delay` before
+    /// handling it normally: a slow or stalled API server for chosen requests only, where
+    /// [`Faults::set_latency`] slows every request. A client that gives up earlier closes the
+    /// connection and the request is never handled.
+    pub fn delayed(delay: Duration) -> Self {
+        Self {
+            effect: Effect::Delay(delay),
+            ..Self::status(200)
         }
     }
 
@@ -99,15 +125,42 @@ impl Fault {
         self.verb.is_none_or(|v| v == verb) && resource_ok
     }
 
-    fn to_error(&self, verb: Verb, resource: &str) -> ApiError {
+    fn to_injected(&self, verb: Verb, resource: &str) -> Injected {
+        let code = match self.effect {
+            Effect::Status(code) => code,
+            Effect::ResetMidBody => return Injected::ResetMidBody,
+            Effect::Delay(delay) => return Injected::Delay(delay),
+        };
         let message = self
             .message
             .clone()
-            .unwrap_or_else(|| format!("injected fault: {} {verb} {resource}", self.code));
-        let mut error = ApiError::new(self.code, ApiError::reason_for(self.code), message);
+            .unwrap_or_else(|| format!("injected fault: {code} {verb} {resource}"));
+        let mut error = ApiError::new(code, ApiError::reason_for(code), message);
         error.retry_after = self.retry_after;
-        error
+        Injected::Fail(error)
     }
+}
+
+/// What a fault does to the request it hits.
+#[derive(Clone, Copy, Debug)]
+enum Effect {
+    /// Answer this HTTP status instead of handling the request.
+    Status(u16),
+    /// Handle the request, then drop the connection part-way through the answer.
+    ResetMidBody,
+    /// Handle the request after this long.
+    Delay(Duration),
+}
+
+/// What the HTTP layer does with a request a fault hit.
+#[derive(Debug)]
+pub(crate) enum Injected {
+    /// Answer this error instead.
+    Fail(ApiError),
+    /// Handle it and cut the answer off mid-body.
+    ResetMidBody,
+    /// Handle it after this long.
+    Delay(Duration),
 }
 
 struct FaultState {
@@ -203,7 +256,7 @@ impl Faults {
         state.latency = Duration::ZERO;
     }
 
-    /// How many requests faults have failed so far.
+    /// How many requests faults have hit (failed, cut off or delayed) so far.
     pub fn injected(&self) -> u64 {
         self.lock().injected
     }
@@ -217,10 +270,10 @@ impl Faults {
     }
 
     /// The failure for this request, consuming one use of the first matching fault.
-    pub(crate) fn take(&self, verb: Verb, resource: &str) -> Option<ApiError> {
+    pub(crate) fn take(&self, verb: Verb, resource: &str) -> Option<Injected> {
         let mut state = self.lock();
         let index = state.rules.iter().position(|f| f.matches(verb, resource))?;
-        let error = state.rules[index].to_error(verb, resource);
+        let injected = state.rules[index].to_injected(verb, resource);
         match &mut state.rules[index].remaining {
             Some(remaining) if *remaining <= 1 => {
                 state.rules.remove(index);
@@ -229,7 +282,7 @@ impl Faults {
             None => {}
         }
         state.injected += 1;
-        Some(error)
+        Some(injected)
     }
 }
 
@@ -248,7 +301,9 @@ mod tests {
         );
         assert!(faults.take(Verb::Get, "resourceslices").is_none());
         assert!(faults.take(Verb::Update, "nodes").is_none());
-        let err = faults.take(Verb::Update, "resourceslices").unwrap();
+        let Some(Injected::Fail(err)) = faults.take(Verb::Update, "resourceslices") else {
+            panic!("expected a status fault");
+        };
         assert_eq!((err.code, err.reason), (500, "InternalError"));
         assert!(faults.take(Verb::Update, "resourceslices").is_some());
         assert!(faults.take(Verb::Update, "resourceslices").is_none());
@@ -265,6 +320,20 @@ mod tests {
         faults.inject(Fault::status(409).resource("resourceclaims/status"));
         assert!(faults.take(Verb::Patch, "resourceclaims").is_none());
         assert!(faults.take(Verb::Patch, "resourceclaims/status").is_some());
+    }
+
+    #[test]
+    fn reset_mid_body_is_its_own_effect() {
+        let faults = Faults::new(CancellationToken::new());
+        faults.inject(Fault::reset_mid_body().verb(Verb::Get).times(2));
+        assert!(faults.take(Verb::List, "pods").is_none());
+        assert!(matches!(
+            faults.take(Verb::Get, "pods"),
+            Some(Injected::ResetMidBody)
+        ));
+        assert!(faults.take(Verb::Get, "pods").is_some());
+        assert!(faults.take(Verb::Get, "pods").is_none());
+        assert_eq!(faults.injected(), 2);
     }
 
     #[test]

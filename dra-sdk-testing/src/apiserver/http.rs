@@ -8,7 +8,8 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_TYPE, RETRY_AFTER};
+use futures::StreamExt as _;
+use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -17,6 +18,7 @@ use serde_json::{Map, Value, json};
 use tracing::debug;
 
 use super::Shared;
+use super::faults::Injected;
 use super::object::{partial_metadata, with_type_meta};
 use super::resources::ResourceType;
 use super::selectors::{FieldSelector, Filter, LabelSelector};
@@ -29,6 +31,8 @@ use super::watch::{self, WatchSpec, WatchStart};
 const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 /// Watch length when the client sets no `timeoutSeconds` (the real server picks 30–60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
+/// How long a [reset](super::Fault::reset_mid_body) answer stays open after its first bytes.
+const RESET_DELAY: Duration = Duration::from_millis(20);
 const AGGREGATED_DISCOVERY: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
@@ -259,9 +263,15 @@ async fn resource_request(
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    if let Some(error) = shared.faults.take(verb, &resource) {
-        return error_response(&error);
-    }
+    let injected = match shared.faults.take(verb, &resource) {
+        Some(Injected::Fail(error)) => return error_response(&error),
+        Some(Injected::ResetMidBody) => true,
+        Some(Injected::Delay(delay)) => {
+            tokio::time::sleep(delay).await;
+            false
+        }
+        None => false,
+    };
     let body = match read_body(body).await {
         Ok(body) => body,
         Err(error) => return error_response(&error),
@@ -273,10 +283,41 @@ async fn resource_request(
         headers: &parts.headers,
         metadata_only: wants_metadata(&parts.headers),
     };
-    match request.dispatch(verb, &body) {
+    let response = match request.dispatch(verb, &body) {
         Ok(response) => response,
         Err(error) => error_response(&error),
+    };
+    if injected {
+        cut_mid_body(response)
+    } else {
+        response
     }
+}
+
+/// Sends the status line, the headers and the first half of the body's first chunk (all of a
+/// plain answer, the first events of a watch), then fails the body so that hyper drops the
+/// connection without ending the message: the client reads a truncated body, as after a reset.
+fn cut_mid_body(response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    // Chunked instead of a length, so the cut is an incomplete message whatever the size.
+    parts.headers.remove(CONTENT_LENGTH);
+    let mut frames = body.into_data_stream();
+    let start = futures::stream::once(async move {
+        let first = match frames.next().await {
+            Some(Ok(bytes)) => bytes.slice(..bytes.len().div_ceil(2)),
+            _ => Bytes::new(),
+        };
+        Ok::<_, std::io::Error>(first)
+    });
+    let reset = futures::stream::once(async {
+        // Give hyper time to put the start on the wire before the connection goes.
+        tokio::time::sleep(RESET_DELAY).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "injected fault: connection reset mid-body",
+        ))
+    });
+    Response::from_parts(parts, Body::from_stream(start.chain(reset)))
 }
 
 async fn read_body(body: Body) -> Result<Bytes, ApiError> {

@@ -822,3 +822,190 @@ pub fn assert_helm_mode_certificate(documents: &[Value], namespace: &str) {
         .expect_err("the certificate is for the Service only");
     assert!(error.contains("client"), "{error}");
 }
+
+/// One RBAC permission: API group (`""` for core), resource (`resource/subresource` for a
+/// subresource) and verb, as a rule grants it and as the API server checks a request.
+pub type Permission = (String, String, String);
+
+/// The permissions the Roles and ClusterRoles among rendered `documents` grant to the
+/// ServiceAccount named `service_account` (through the bindings naming it), each rule expanded
+/// to its (group, resource, verb) triples. `resourceNames` narrow a rule; they are not part of
+/// the triple.
+pub fn granted_permissions(documents: &[Value], service_account: &str) -> BTreeSet<Permission> {
+    let bound_roles: BTreeSet<(String, String)> = documents
+        .iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|kind| kind.ends_with("RoleBinding"))
+        })
+        .filter(|binding| {
+            binding["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|subject| {
+                    subject["kind"] == "ServiceAccount" && subject["name"] == service_account
+                })
+        })
+        .map(|binding| {
+            (
+                binding["roleRef"]["kind"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                binding["roleRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut granted = BTreeSet::new();
+    for role in documents.iter().filter(|d| {
+        let key = (
+            d["kind"].as_str().unwrap_or_default().to_owned(),
+            d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        );
+        bound_roles.contains(&key)
+    }) {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        granted.insert((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// The API group of each resource a driver in this repository calls, by the plural the fake
+/// API server counts requests under; a resource missing here is an error in
+/// [`requested_permissions`], so that a new API call cannot go unchecked.
+const RESOURCE_GROUPS: &[(&str, &str)] = &[
+    ("resourceslices", "resource.k8s.io"),
+    ("resourceclaims", "resource.k8s.io"),
+    ("resourceclaims/status", "resource.k8s.io"),
+    ("deviceclasses", "resource.k8s.io"),
+    ("resourceclaimtemplates", "resource.k8s.io"),
+    ("nodes", ""),
+    ("pods", ""),
+    ("secrets", ""),
+    ("configmaps", ""),
+    // The plugins write `events.k8s.io/v1` Events; the fake API server serves Events only in
+    // that group.
+    ("events", "events.k8s.io"),
+    ("deployments", "apps"),
+    ("daemonsets", "apps"),
+    ("leases", "coordination.k8s.io"),
+];
+
+/// The permissions the requests counted in `stats` needed, as the API server's authorizer
+/// checks them: (group, resource, verb) per request kind seen. A status patch of a
+/// ResourceClaim also needs `associated-node:patch` on the synthetic `resourceclaims/driver`
+/// subresource (Kubernetes 1.36 checks it for the driver named in the status; no request goes
+/// to it), so it is added with such a patch. `Err` names a resource missing from the table.
+pub fn requested_permissions(
+    stats: &crate::apiserver::Stats,
+) -> Result<BTreeSet<Permission>, String> {
+    use crate::apiserver::Verb;
+    const VERBS: [Verb; 8] = [
+        Verb::Get,
+        Verb::List,
+        Verb::Watch,
+        Verb::Create,
+        Verb::Update,
+        Verb::Patch,
+        Verb::Delete,
+        Verb::DeleteCollection,
+    ];
+    let mut requested = BTreeSet::new();
+    for (resource, counts) in &stats.by_resource {
+        let Some((_, group)) = RESOURCE_GROUPS.iter().find(|(r, _)| r == resource) else {
+            return Err(format!(
+                "requests to `{resource}`, whose API group the RBAC check does not know: add it \
+                 to RESOURCE_GROUPS"
+            ));
+        };
+        for verb in VERBS.into_iter().filter(|verb| counts.count(*verb) > 0) {
+            requested.insert((
+                (*group).to_owned(),
+                resource.clone(),
+                verb.as_str().to_owned(),
+            ));
+            if resource == "resourceclaims/status" && verb == Verb::Patch {
+                requested.insert((
+                    "resource.k8s.io".to_owned(),
+                    "resourceclaims/driver".to_owned(),
+                    "associated-node:patch".to_owned(),
+                ));
+            }
+        }
+    }
+    Ok(requested)
+}
+
+/// Panics unless `granted` (from [`granted_permissions`]) and `requested` (from
+/// [`requested_permissions`]) are the same set, listing what the code calls without a grant
+/// (the plugin would get 403 on a real cluster) and what is granted while nothing calls it
+/// (more privilege than needed).
+pub fn assert_rbac_matches_calls(
+    what: &str,
+    granted: &BTreeSet<Permission>,
+    requested: &BTreeSet<Permission>,
+) {
+    let show = |set: Vec<&Permission>| {
+        set.iter()
+            .map(|(group, resource, verb)| format!("  {verb} {resource} (group {group:?})"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let not_granted: Vec<&Permission> = requested.difference(granted).collect();
+    let not_called: Vec<&Permission> = granted.difference(requested).collect();
+    assert!(
+        not_granted.is_empty() && not_called.is_empty(),
+        "{what}: the RBAC rules and the API calls differ\ncalled but not granted:\n{}\ngranted but \
+         never called:\n{}",
+        show(not_granted),
+        show(not_called)
+    );
+}
+
+/// Drives a registered plugin through the calls a prepare makes for the RBAC comparison of
+/// [`assert_rbac_matches_calls`]: `good` is prepared once (a claim read), then `bad`, a claim
+/// whose prepare fails, is retried as the kubelet would until the plugin has created its Event
+/// and patched the Event's series (20 s at most).
+pub async fn prepare_good_and_retry_bad_until_event_series(
+    kubelet: &crate::kubelet::RegisteredPlugin,
+    api: &crate::apiserver::FakeApiServer,
+    good: &dra_sdk::claim::ClaimRef,
+    bad: &dra_sdk::claim::ClaimRef,
+) {
+    use std::time::Duration;
+    let prepared = kubelet.prepare(std::slice::from_ref(good)).await.unwrap();
+    assert!(prepared[&good.uid].is_ok(), "{prepared:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while api.stats().resource("events").patch == 0 {
+        let failed = kubelet.prepare(std::slice::from_ref(bad)).await.unwrap();
+        assert!(failed[&bad.uid].is_err(), "{failed:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Event series patch"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -27,9 +27,14 @@
 //! - [`slices`]: the ResourceSlice publisher, slice limits per Kubernetes release, and the
 //!   validation report's parts;
 //! - [`metadata`]: the device metadata files of KEP-5304;
-//! - [`rate_limit`]: the client-side limits of API requests.
+//! - [`rate_limit`]: the client-side limits of API requests;
+//! - `fault_injection` (feature `fault-injection`, test-only): the named steps of prepare and
+//!   unprepare, and the hook a test gives the plugin to stop it at one.
 
 pub mod checkpoint;
+#[cfg(feature = "fault-injection")]
+#[cfg_attr(docsrs, doc(cfg(feature = "fault-injection")))]
+pub mod fault_injection;
 pub mod metadata;
 pub mod proto;
 pub mod rate_limit;

@@ -343,14 +343,16 @@ impl SpecWriter {
         target: &Path,
         contents: &[u8],
     ) -> Result<(), CdiError> {
-        let (temp_path, mut file) = self.create_temp(claim_uid)?;
+        // Errors name the spec's final path, the one an operator knows: the temporary file
+        // sits next to it and is gone by the time the error is seen.
+        let (temp_path, mut file) = self.create_temp(claim_uid, target)?;
         let written = file
             .set_permissions(Permissions::from_mode(SPEC_FILE_MODE))
             .and_then(|()| file.write_all(contents));
         drop(file);
         if let Err(err) = written {
             discard(&temp_path);
-            return Err(CdiError::io("write CDI spec", temp_path, err));
+            return Err(CdiError::io("write CDI spec", target, err));
         }
         if let Err(err) = fs::rename(&temp_path, target) {
             discard(&temp_path);
@@ -359,8 +361,8 @@ impl SpecWriter {
         Ok(())
     }
 
-    /// Creates a new temporary file, creating the root on the first `NotFound`.
-    fn create_temp(&self, claim_uid: &str) -> Result<(PathBuf, File), CdiError> {
+    /// Creates a new temporary file for `target`, creating the root on the first `NotFound`.
+    fn create_temp(&self, claim_uid: &str, target: &Path) -> Result<(PathBuf, File), CdiError> {
         let mut created_root = false;
         let mut attempts = 0;
         loop {
@@ -388,7 +390,7 @@ impl SpecWriter {
                 }
                 // 64 random bits clashing twice means something else is wrong; report it.
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists && attempts < 3 => {}
-                Err(err) => return Err(CdiError::io("create CDI spec", temp_path, err)),
+                Err(err) => return Err(CdiError::io("write CDI spec", target, err)),
             }
         }
     }

@@ -500,6 +500,14 @@ impl Spec {
 
     /// Parses a YAML document, without [`validate`](Self::validate).
     pub fn from_yaml(document: &[u8]) -> Result<Spec, CdiError> {
+        // The YAML parser says only "input is not valid UTF-8"; say where.
+        if let Err(err) = std::str::from_utf8(document) {
+            let (line, column) = position(document, err.valid_up_to());
+            return Err(CdiError::Parse {
+                format: SpecFormat::Yaml,
+                message: format!("input is not valid UTF-8 at line {line} column {column}"),
+            });
+        }
         let options = serde_saphyr::options! {
             // One-line messages: they end up in logs and kubelet events.
             with_snippet: false,
@@ -547,6 +555,19 @@ pub(crate) fn peek_kind(document: &[u8]) -> Option<String> {
         .ok()
         .or_else(|| serde_saphyr::from_slice::<KindOnly>(document).ok())
         .map(|doc| doc.kind)
+}
+
+/// The 1-based line and column (in bytes) of byte `offset` of `document`.
+fn position(document: &[u8], offset: usize) -> (usize, usize) {
+    let before = &document[..offset.min(document.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.len()
+        - before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1)
+        + 1;
+    (line, column)
 }
 
 fn is_well_formed_json(document: &[u8]) -> bool {
@@ -691,6 +712,17 @@ mod tests {
         assert!(parse_err(yaml).contains("duplicate"), "{}", parse_err(yaml));
         let yaml = "cdiVersion: 0.3.0\nkind: v.com/d\nkind: v.com/e\ndevices: []\n";
         assert!(parse_err(yaml).contains("duplicate"), "{}", parse_err(yaml));
+    }
+
+    #[test]
+    fn invalid_utf8_is_located() {
+        let err = Spec::parse(b"cdiVersion: 0.3.0\nkind: v\xff").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "cannot parse CDI spec as YAML: input is not valid UTF-8 at line 2 column 8"
+        );
+        assert_eq!(position(b"", 0), (1, 1));
+        assert_eq!(position(b"ab\ncd", 4), (2, 2));
     }
 
     #[test]

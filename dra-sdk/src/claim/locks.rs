@@ -9,9 +9,14 @@
 //! right now.
 
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+
+/// Mode of the lock files: only the plugin (root) locks them; nobody else has a reason to
+/// open them, and a reader could hold a lock that blocks every prepare.
+const LOCK_FILE_MODE: u32 = 0o600;
 
 /// A table of async mutexes keyed by claim UID; entries vanish when nobody holds or waits.
 #[derive(Clone, Default)]
@@ -139,6 +144,7 @@ impl ClaimFileLocks {
             .truncate(false)
             .read(true)
             .write(true)
+            .mode(LOCK_FILE_MODE)
             .open(&path)?;
         Ok(Self {
             inner: std::sync::Arc::new(ClaimFileLocksInner {
@@ -294,6 +300,7 @@ impl NodeLock {
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(LOCK_FILE_MODE)
             .open(&path)?;
         Ok(Self {
             mutex: AsyncMutex::new(()),

@@ -66,6 +66,20 @@ pub enum ClaimError {
         /// Name.
         name: String,
     },
+    /// The read did not finish within [`ReadPolicy::budget`] (the claim read timeout): the API
+    /// server stalled, or kept failing with errors worth retrying. The kubelet retries the
+    /// prepare later.
+    #[error("reading ResourceClaim {namespace}/{name}: timed out after {after:?}{}", last_error_suffix(.last_error))]
+    Timeout {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// The bound that ran out.
+        after: Duration,
+        /// The last error retried before the bound ran out, if any.
+        last_error: Option<String>,
+    },
     /// The API server could not be reached or answered an error, after retries.
     #[error("reading ResourceClaim {namespace}/{name}: {source}")]
     Api {
@@ -97,22 +111,38 @@ impl ClaimError {
             ClaimError::NotAllocated { .. } => "claim_not_allocated",
             ClaimError::NotServed { .. } => "api_not_served",
             ClaimError::Api { .. } => "api",
+            ClaimError::Timeout { .. } => "api_timeout",
             ClaimError::Config { .. } => "invalid_config",
         }
     }
 }
+
+fn last_error_suffix(last: &Option<String>) -> String {
+    last.as_deref()
+        .map(|error| format!(" (last error: {error})"))
+        .unwrap_or_default()
+}
+
+/// The default claim read timeout ([`ReadPolicy::budget`]): a stalled API server fails the
+/// claim after this long, well inside the kubelet's 45 s deadline for the whole
+/// NodePrepareResources call, leaving the driver time to prepare.
+pub(crate) const DEFAULT_CLAIM_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Retry policy for claim reads.
 #[derive(Clone, Debug)]
 pub struct ReadPolicy {
     /// Attempts in total, the first included.
     pub attempts: u32,
-    /// Delay before the first retry; doubled each time, with jitter.
+    /// Delay before the first retry; doubled each time, with jitter. A `Retry-After` the
+    /// server sends is waited for instead when it is longer and fits in the budget.
     pub initial_backoff: Duration,
     /// Upper bound of one delay.
     pub max_backoff: Duration,
-    /// Give up retrying once this much time has passed since the first attempt; well inside the
-    /// kubelet's 45 s deadline for the whole call.
+    /// The claim read timeout: the whole read (discovery, every attempt, the waits between them,
+    /// and the client's own retries of 429/503/504) ends with [`ClaimError::Timeout`] once this
+    /// much time has passed, and no retry starts that could not finish inside it. Default
+    /// 10 s (`--claim-read-timeout`); keep it well inside the kubelet's 45 s deadline for the
+    /// whole call.
     pub budget: Duration,
 }
 
@@ -122,7 +152,7 @@ impl Default for ReadPolicy {
             attempts: 6,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
-            budget: Duration::from_secs(20),
+            budget: DEFAULT_CLAIM_READ_TIMEOUT,
         }
     }
 }
@@ -145,8 +175,31 @@ impl ClaimReader {
         }
     }
 
-    /// GETs the claim and checks its UID and allocation.
+    /// GETs the claim and checks its UID and allocation, within the policy's budget.
     pub(crate) async fn read(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimError> {
+        // kube's client has no read timeout of its own (only a 30 s connect timeout) and
+        // retries 429/503/504 up to 15 times, honouring Retry-After: without this bound a
+        // stalled or throttling API server holds the kubelet's call until its 45 s deadline.
+        let budget = self.policy.budget;
+        let mut last_error = None;
+        let outcome =
+            tokio::time::timeout(budget, self.read_with_retries(claim, &mut last_error)).await;
+        outcome.unwrap_or_else(|_| {
+            tracing::warn!(claim = %claim, ?budget, last_error = last_error.as_deref(), "claim read timed out");
+            Err(ClaimError::Timeout {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                after: budget,
+                last_error,
+            })
+        })
+    }
+
+    async fn read_with_retries(
+        &self,
+        claim: &ClaimRef,
+        last_error: &mut Option<String>,
+    ) -> Result<ResourceClaim, ClaimError> {
         let api_error = |source| ClaimError::Api {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -194,15 +247,15 @@ impl ClaimReader {
                         name: claim.name.clone(),
                     });
                 }
-                Err(error)
-                    if is_transient(&error)
-                        && attempt < self.policy.attempts
-                        && started.elapsed() + backoff < self.policy.budget =>
-                {
-                    tracing::debug!(claim = %claim, attempt, %error, "retrying claim read");
-                    // Full jitter keeps many plugins from retrying in lockstep after an outage.
-                    let jittered = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);
-                    tokio::time::sleep(jittered).await;
+                Err(error) if is_transient(&error) && attempt < self.policy.attempts => {
+                    let delay = retry_delay(&error, backoff);
+                    if started.elapsed() + delay >= self.policy.budget {
+                        // Answer with the server's error now rather than a timeout later.
+                        return Err(api_error(error));
+                    }
+                    tracing::debug!(claim = %claim, attempt, %error, ?delay, "retrying claim read");
+                    *last_error = Some(error.to_string());
+                    tokio::time::sleep(delay).await;
                     backoff = (backoff * 2).min(self.policy.max_backoff);
                     attempt += 1;
                 }
@@ -212,6 +265,21 @@ impl ClaimReader {
         check_claim(claim, &object)?;
         Ok(object)
     }
+}
+
+/// The wait before retrying after `error`: the backoff with jitter, or the server's
+/// `Retry-After` (`details.retryAfterSeconds`) when that is longer.
+fn retry_delay(error: &kube::Error, backoff: Duration) -> Duration {
+    // Jitter keeps many plugins from retrying in lockstep after an outage.
+    let jittered = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);
+    let server = match error {
+        kube::Error::Api(status) => status
+            .details
+            .as_ref()
+            .map_or(0, |details| details.retry_after_seconds),
+        _ => 0,
+    };
+    jittered.max(Duration::from_secs(server.into()))
 }
 
 /// Errors worth retrying: server-side trouble, throttling, and transport failures.

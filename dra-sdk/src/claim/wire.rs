@@ -5,7 +5,11 @@
 //! the slice publisher does, and converts it to the one internal model (`v1`). `v1beta2` has
 //! v1's JSON shape; `v1beta1` keeps a request's fields inline where v1 nests them under
 //! `exactly`. Allocation results and status are the same in all three.
+//!
+//! The claims a kubelet names in its gRPC requests are checked here too ([`check_claim`]):
+//! they are wire input as much as the claims read from the API server.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -15,6 +19,8 @@ use kube::{Client, Resource as _};
 use serde_json::{Map, Value};
 
 use crate::advanced::rate_limit::ApiBudget;
+use crate::claim::ClaimRef;
+use crate::k8s::names;
 use crate::slices::ResourceApiVersion;
 
 /// Why the served version could not be found.
@@ -141,6 +147,73 @@ pub(crate) fn names_object(status: &Status, name: &str) -> bool {
         .details
         .as_ref()
         .is_some_and(|details| details.name == name)
+}
+
+/// Longest claim UID accepted from the kubelet (the API server writes 36-character UUIDs;
+/// the CDI spec files' limit).
+const MAX_CLAIM_UID_LEN: usize = 128;
+/// Longest piece of a bad field quoted back to the kubelet.
+const MAX_QUOTED: usize = 64;
+
+/// Checks one claim of a prepare or unprepare request before anything uses it: the UID goes
+/// into CDI spec file names, CDI device names and the checkpoint, the namespace and name into
+/// API request paths. The kubelet only sends what the API server stored, so a bad value means
+/// a broken or hostile client; the claim then fails alone, with a message naming the field.
+///
+/// - `uid`: 1 to 128 ASCII letters, digits and `-`, starting with a letter or digit (so no
+///   `/`, `..`, NUL or `_`, which would change a path or the spec file naming);
+/// - `namespace`: a DNS label;
+/// - `name`: a DNS subdomain.
+pub(crate) fn check_claim(claim: &ClaimRef) -> Result<(), String> {
+    let (field, value, reason) = if let Err(reason) = check_uid(&claim.uid) {
+        ("uid", &claim.uid, reason)
+    } else if let Err(reason) = names::dns_label(&claim.namespace) {
+        ("namespace", &claim.namespace, reason)
+    } else if let Err(reason) = names::dns_subdomain(&claim.name) {
+        ("name", &claim.name, reason)
+    } else {
+        return Ok(());
+    };
+    let quoted: String = value.chars().take(MAX_QUOTED).collect();
+    let more = if quoted.len() < value.len() {
+        "..."
+    } else {
+        ""
+    };
+    Err(format!(
+        "invalid claim in the request: claims[].{field} {quoted:?}{more} {reason}"
+    ))
+}
+
+fn check_uid(uid: &str) -> Result<(), &'static str> {
+    if uid.is_empty() {
+        Err("must not be empty")
+    } else if uid.len() > MAX_CLAIM_UID_LEN {
+        Err("must be at most 128 characters")
+    } else if !uid.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        Err("must start with an ASCII letter or digit")
+    } else if !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        Err("may contain only ASCII letters, digits and '-'")
+    } else {
+        Ok(())
+    }
+}
+
+/// Splits the kubelet's claims into those [`check_claim`] accepts and the errors of the
+/// others, keyed by UID. A UID that any bad claim carries is refused in all its claims: the
+/// answer has one entry per UID.
+pub(crate) fn split_valid(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, BTreeMap<String, String>) {
+    let mut refused = BTreeMap::new();
+    for claim in &claims {
+        if let Err(message) = check_claim(claim) {
+            refused.entry(claim.uid.clone()).or_insert(message);
+        }
+    }
+    let valid = claims
+        .into_iter()
+        .filter(|claim| !refused.contains_key(&claim.uid))
+        .collect();
+    (valid, refused)
 }
 
 /// The fields of a v1beta1 `DeviceRequest` that v1 moved under `exactly`.
@@ -299,5 +372,141 @@ mod tests {
         .unwrap();
         assert!(names_object(&missing, "c"));
         assert!(!names_object(&unserved, "c"));
+    }
+
+    mod claims {
+        use proptest::prelude::*;
+
+        use super::super::{check_claim, split_valid};
+        use crate::claim::ClaimRef;
+
+        fn claim(namespace: &str, name: &str, uid: &str) -> ClaimRef {
+            ClaimRef::new(namespace, name, uid)
+        }
+
+        #[test]
+        fn real_claims_pass() {
+            for (namespace, name, uid) in [
+                (
+                    "default",
+                    "gpu-claim",
+                    "0c1d5e2f-3a4b-4c5d-8e9f-0a1b2c3d4e5f",
+                ),
+                ("kube-system", "a.b-c", "uid-1"),
+                ("a", &"x".repeat(253), &"u".repeat(128)),
+            ] {
+                assert_eq!(check_claim(&claim(namespace, name, uid)), Ok(()));
+            }
+        }
+
+        #[test]
+        fn each_bad_field_is_named() {
+            for (claim, message) in [
+                (
+                    claim("default", "c", "../../etc"),
+                    "invalid claim in the request: claims[].uid \"../../etc\" must start with \
+                     an ASCII letter or digit",
+                ),
+                (
+                    claim("default", "c", "a/../../b"),
+                    "invalid claim in the request: claims[].uid \"a/../../b\" may contain only \
+                     ASCII letters, digits and '-'",
+                ),
+                (
+                    claim("default", "c", "uid\0"),
+                    "invalid claim in the request: claims[].uid \"uid\\0\" may contain only \
+                     ASCII letters, digits and '-'",
+                ),
+                (
+                    claim("default", "c", ""),
+                    "invalid claim in the request: claims[].uid \"\" must not be empty",
+                ),
+                (
+                    claim("Default", "c", "uid-1"),
+                    "invalid claim in the request: claims[].namespace \"Default\" may contain \
+                     only lower-case letters, digits and '-'",
+                ),
+                (
+                    claim("default", "../c", "uid-1"),
+                    "invalid claim in the request: claims[].name \"../c\" must not be empty",
+                ),
+            ] {
+                assert_eq!(check_claim(&claim).unwrap_err(), message);
+            }
+            let long = check_claim(&claim("default", "c", &"u".repeat(10_000))).unwrap_err();
+            assert!(long.len() < 200, "{long}");
+            assert!(
+                long.ends_with("\"... must be at most 128 characters"),
+                "{long}"
+            );
+        }
+
+        #[test]
+        fn a_bad_claim_fails_alone_and_its_uid_is_refused_everywhere() {
+            let (valid, refused) = split_valid(vec![
+                claim("default", "good", "uid-1"),
+                claim("BAD", "bad", "uid-2"),
+                claim("default", "same-uid", "uid-2"),
+            ]);
+            assert_eq!(valid, vec![claim("default", "good", "uid-1")]);
+            assert_eq!(refused.keys().collect::<Vec<_>>(), ["uid-2"]);
+        }
+
+        /// What a UID accepted here can do to a path: nothing. Every accepted UID is one
+        /// plain file-name component.
+        fn stays_one_path_component(uid: &str) -> bool {
+            let path = std::path::Path::new("/var/run/cdi").join(format!("vendor-gpu_{uid}.json"));
+            path.parent() == Some(std::path::Path::new("/var/run/cdi"))
+                && path.components().count() == 4
+        }
+
+        fn field_text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(String::new()),
+                Just("..".to_owned()),
+                Just("../..".to_owned()),
+                Just("a/b".to_owned()),
+                Just("a\0b".to_owned()),
+                "[a-z0-9-]{1,70}",
+                "[a-z0-9.-]{1,260}",
+                "[A-Za-z0-9_./-]{0,140}",
+                any::<String>(),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any uid, namespace and name (empty, too long, not DNS, NUL bytes, `../`):
+            /// never a panic; a refusal names the field, and a UID that passes stays one
+            /// plain file-name component.
+            #[test]
+            fn claim_fields_are_checked_without_panics(
+                namespace in field_text(),
+                name in field_text(),
+                uid in field_text(),
+            ) {
+                let claim = claim(&namespace, &name, &uid);
+                match check_claim(&claim) {
+                    Ok(()) => {
+                        prop_assert!(stays_one_path_component(&uid), "{uid:?}");
+                        prop_assert!(!uid.contains(['/', '.', '\0', '_']));
+                        prop_assert!(!namespace.is_empty() && namespace.len() <= 63);
+                        prop_assert!(!name.is_empty() && name.len() <= 253);
+                    }
+                    Err(message) => {
+                        prop_assert!(message.len() < 400, "{message}");
+                        prop_assert!(
+                            ["claims[].uid ", "claims[].namespace ", "claims[].name "]
+                                .iter()
+                                .any(|field| message.contains(field)),
+                            "{message}"
+                        );
+                    }
+                }
+                let (valid, refused) = split_valid(vec![claim.clone()]);
+                prop_assert_eq!(valid.len() + refused.len(), 1);
+            }
+        }
     }
 }

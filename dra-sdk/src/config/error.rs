@@ -63,7 +63,8 @@ pub enum ConfigError {
         /// JSON path of the offending value (`sharing.timeSlicingConfig.interval`,
         /// `devices[2].uuid`), `None` for the top level.
         field: Option<String>,
-        /// What is wrong, from the deserializer.
+        /// What is wrong, from the deserializer. It never quotes a string value of the input
+        /// (a config field may hold a secret): it names what was expected and the type found.
         message: String,
     },
     /// The parameters have fields the config type does not know, typically a typo.
@@ -133,9 +134,10 @@ impl ConfigValidationError {
     }
 
     /// A failure of one field, named by its JSON path (`sharing.strategy`, `devices[0]`).
+    /// A path longer than 128 characters (it may hold a user's map key) is shortened.
     pub fn for_field(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
-            field: Some(field.into()),
+            field: Some(echo(&field.into())),
             message: message.into(),
         }
     }

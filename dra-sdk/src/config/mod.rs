@@ -9,14 +9,18 @@
 //! 1. `apiVersion` and `kind` select the registered type (an error lists what is accepted);
 //! 2. the rest of the object is decoded **strictly**: unknown fields are rejected whatever
 //!    serde attributes the type uses, and errors carry the JSON path of the bad field
-//!    (`sharing.timeSlicingConfig.interval: unknown variant ...`), and an unknown field comes
-//!    with the closest declared one (`did you mean ...`);
+//!    (`sharing.timeSlicingConfig.interval: unknown variant, expected ...`), and an unknown
+//!    field comes with the closest declared one (`did you mean ...`);
 //! 3. [`ConfigHooks::normalize`] fills in defaults, [`ConfigHooks::validate`] checks the result;
 //! 4. the value is converted into `C` with `Into`. Older versions of a kind convert into the
 //!    newest one this way, the way Kubernetes APIs evolve.
 //!
 //! Every failure is a [`ConfigError`] whose message is written for the user who wrote the
-//! claim: it ends up in the claim's events.
+//! claim: it ends up in the claim's events. It never quotes a string value of the parameters,
+//! since a config field may hold a secret (a token, a password): it says what was expected
+//! and the type found (`expected a boolean, found a string`). Unknown field *names* are
+//! quoted, shortened; so are `apiVersion` and `kind`. A driver's
+//! [`validate`](ConfigHooks::validate) should not quote values either.
 //!
 //! ```
 //! use dra_sdk::config::{ConfigHooks, ConfigRegistry, ConfigValidationError, OpaqueConfig};
@@ -38,9 +42,10 @@
 //!     fn validate(&self) -> Result<(), ConfigValidationError> {
 //!         match self.time_slice.as_deref() {
 //!             Some("Default" | "Short" | "Long") | None => Ok(()),
-//!             Some(other) => Err(ConfigValidationError::for_field(
+//!             // Not quoting the value: a field may hold a secret.
+//!             Some(_) => Err(ConfigValidationError::for_field(
 //!                 "timeSlice",
-//!                 format!("must be Default, Short or Long, got {other:?}"),
+//!                 "must be Default, Short or Long",
 //!             )),
 //!         }
 //!     }
@@ -126,7 +131,8 @@ pub trait ConfigHooks {
     fn normalize(&mut self) {}
 
     /// Checks the normalized value. The error's message reaches the user, so name the field
-    /// and the accepted values.
+    /// and the accepted values, but do not quote a string the user wrote: it may be a secret,
+    /// and the message lands in events and logs.
     fn validate(&self) -> Result<(), ConfigValidationError> {
         Ok(())
     }

@@ -16,25 +16,36 @@
 //! Decoding borrows the input and allocates only for the values the config type keeps and
 //! for error messages.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde::de::value::BorrowedStrDeserializer;
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, EnumAccess, Error as _, MapAccess, SeqAccess,
     Unexpected, VariantAccess, Visitor,
 };
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
 use super::error::{UnknownField, echo};
 use super::{ConfigError, ConfigKind};
 
-type Error = serde_json::Error;
+type Error = DecodeError;
 
 /// Top-level keys that select the config type and are not part of it.
 const TYPE_FIELDS: [&str; 2] = ["apiVersion", "kind"];
 
 /// Field names longer than this get no "did you mean" (bounds the edit-distance work).
 const MAX_SUGGESTION_INPUT: usize = 64;
+
+/// Longest unknown field name quoted in a message: a key is the user's own text, not a
+/// value, but it still must not fill the event.
+const MAX_KEY_ECHO: usize = 64;
+
+/// String values of at least this many characters are hidden from messages a `Deserialize`
+/// impl wrote itself; shorter ones are too common as words to look for.
+const MIN_HIDDEN_VALUE: usize = 4;
+
+/// Replaces a string value of the input found in a message.
+const HIDDEN: &str = "(value hidden)";
 
 /// Decodes `parameters`, a JSON object, as `T`, without `apiVersion` and `kind`. With
 /// `strict`, any field `T` does not know is an error.
@@ -65,8 +76,192 @@ pub(super) fn decode<T: DeserializeOwned>(
     result.map_err(|error| ConfigError::Decode {
         config,
         field: state.error_path,
-        message: echo(&error.to_string()),
+        message: echo(&error.into_message(parameters)),
     })
+}
+
+/// A decode error whose message never quotes a string value of the input.
+///
+/// serde's own messages quote the offending value (`invalid value: string "hunter2"`,
+/// ``unknown variant `hunter2` ``), and a config field may hold a secret, such as a token,
+/// that would then land in the claim's events and in the kubelet's and the plugin's logs.
+/// These messages say what was expected and the *type* found instead. Numbers and booleans
+/// are still quoted: they explain a failed range check and are not secrets. A message the
+/// config type's own `Deserialize` impl writes (`custom`) cannot be rewritten; every string
+/// value of the input is cut out of it instead.
+#[derive(Debug)]
+pub(super) struct DecodeError {
+    message: String,
+    /// Written by code outside this module, so it may quote input values.
+    foreign: bool,
+}
+
+impl DecodeError {
+    fn ours(message: String) -> Self {
+        Self {
+            message,
+            foreign: false,
+        }
+    }
+
+    /// The message, with any string value of `input` hidden if the message is foreign.
+    fn into_message(self, input: &Value) -> String {
+        if self.foreign {
+            hide_values(self.message, input)
+        } else {
+            self.message
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+impl de::Error for DecodeError {
+    fn custom<T: fmt::Display>(message: T) -> Self {
+        Self {
+            message: message.to_string(),
+            foreign: true,
+        }
+    }
+
+    fn invalid_type(found: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        Self {
+            foreign: matches!(found, Unexpected::Other(_)),
+            message: format!("invalid type: expected {expected}, found {}", Found(found)),
+        }
+    }
+
+    fn invalid_value(found: Unexpected<'_>, expected: &dyn de::Expected) -> Self {
+        Self {
+            foreign: matches!(found, Unexpected::Other(_)),
+            message: format!("invalid value: expected {expected}, found {}", Found(found)),
+        }
+    }
+
+    fn invalid_length(len: usize, expected: &dyn de::Expected) -> Self {
+        Self::ours(format!("invalid length {len}, expected {expected}"))
+    }
+
+    fn unknown_variant(_variant: &str, expected: &'static [&'static str]) -> Self {
+        // The variant is usually a string value (`"interval": "Fast"`): not quoted.
+        Self::ours(format!("unknown variant, {}", OneOf(expected, "variants")))
+    }
+
+    fn unknown_field(field: &str, expected: &'static [&'static str]) -> Self {
+        let field = match field.char_indices().nth(MAX_KEY_ECHO) {
+            Some((end, _)) => format!("{}...", &field[..end]),
+            None => field.to_owned(),
+        };
+        Self::ours(format!(
+            "unknown field `{field}`, {}",
+            OneOf(expected, "fields")
+        ))
+    }
+
+    fn missing_field(field: &'static str) -> Self {
+        Self::ours(format!("missing field `{field}`"))
+    }
+
+    fn duplicate_field(field: &'static str) -> Self {
+        Self::ours(format!("duplicate field `{field}`"))
+    }
+}
+
+/// What was found, without the value when it is text.
+struct Found<'a>(Unexpected<'a>);
+
+impl fmt::Display for Found<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Unexpected::Bool(value) => write!(f, "boolean `{value}`"),
+            Unexpected::Unsigned(value) => write!(f, "integer `{value}`"),
+            Unexpected::Signed(value) => write!(f, "integer `{value}`"),
+            Unexpected::Float(value) => write!(f, "floating point `{value}`"),
+            Unexpected::Char(_) => f.write_str("a character"),
+            Unexpected::Str(_) => f.write_str("a string"),
+            Unexpected::Bytes(_) => f.write_str("bytes"),
+            Unexpected::Unit => f.write_str("null"),
+            Unexpected::Option => f.write_str("an optional value"),
+            Unexpected::NewtypeStruct => f.write_str("a newtype struct"),
+            Unexpected::Seq => f.write_str("an array"),
+            Unexpected::Map => f.write_str("an object"),
+            Unexpected::Enum => f.write_str("an enum"),
+            Unexpected::UnitVariant => f.write_str("a unit variant"),
+            Unexpected::NewtypeVariant => f.write_str("a newtype variant"),
+            Unexpected::TupleVariant => f.write_str("a tuple variant"),
+            Unexpected::StructVariant => f.write_str("a struct variant"),
+            Unexpected::Other(other) => f.write_str(other),
+        }
+    }
+}
+
+/// `expected `a``, `expected `a` or `b``, `expected one of `a`, `b`, `c``.
+struct OneOf(&'static [&'static str], &'static str);
+
+impl fmt::Display for OneOf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            [] => write!(f, "there are no {}", self.1),
+            [only] => write!(f, "expected `{only}`"),
+            [first, second] => write!(f, "expected `{first}` or `{second}`"),
+            names => {
+                f.write_str("expected one of ")?;
+                for (index, name) in names.iter().enumerate() {
+                    if index > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "`{name}`")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Cuts every string value of `input` (not keys: those are field names) out of `message`,
+/// longest first so that a value containing another is hidden whole. Iterative, so any
+/// depth of input is fine.
+fn hide_values(mut message: String, input: &Value) -> String {
+    let mut values: Vec<&str> = Vec::new();
+    let mut pending = vec![input];
+    while let Some(value) = pending.pop() {
+        match value {
+            Value::String(text)
+                if text.chars().count() >= MIN_HIDDEN_VALUE && message.contains(text.as_str()) =>
+            {
+                values.push(text);
+            }
+            Value::Array(items) => pending.extend(items),
+            Value::Object(object) => pending.extend(object.values()),
+            _ => {}
+        }
+    }
+    values.sort_unstable_by_key(|text| std::cmp::Reverse(text.len()));
+    for text in values {
+        if message.contains(text) {
+            message = message.replace(text, HIDDEN);
+        }
+    }
+    message
+}
+
+/// Hands a JSON number to `visitor` the way serde_json's own `Number` deserializer does.
+fn visit_number<'de, V: Visitor<'de>>(number: &Number, visitor: V) -> Result<V::Value, Error> {
+    if let Some(value) = number.as_u64() {
+        visitor.visit_u64(value)
+    } else if let Some(value) = number.as_i64() {
+        visitor.visit_i64(value)
+    } else if let Some(value) = number.as_f64() {
+        visitor.visit_f64(value)
+    } else {
+        Err(Error::invalid_type(Unexpected::Other("number"), &visitor))
+    }
 }
 
 /// What a decode learns besides the value.
@@ -193,7 +388,7 @@ impl<'de> de::Deserializer<'de> for Tracked<'de, '_, '_> {
         match self.value {
             Value::Null => visitor.visit_unit(),
             Value::Bool(value) => visitor.visit_bool(*value),
-            Value::Number(number) => number.deserialize_any(visitor),
+            Value::Number(number) => visit_number(number, visitor),
             Value::String(text) => visitor.visit_borrowed_str(text),
             Value::Array(array) => self.visit_array(array, visitor),
             Value::Object(object) => self.visit_object(object, None, visitor),
@@ -360,8 +555,7 @@ impl<'de> de::Deserializer<'de> for Tracked<'de, '_, '_> {
         visitor.visit_unit()
     }
 
-    // Numbers: the visitor checks the range and reports any other JSON type, with the same
-    // messages as serde_json.
+    // Numbers: the visitor checks the range and reports any other JSON type.
     serde::forward_to_deserialize_any! {
         i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64
     }
@@ -710,7 +904,7 @@ mod tests {
             decode_error(error),
             (
                 Some("items[1].count".to_owned()),
-                "invalid type: string \"many\", expected u32".to_owned()
+                "invalid type: expected u32, found a string".to_owned()
             )
         );
         let error = strict::<Outer>(json!({"items": {}})).unwrap_err();
@@ -786,7 +980,7 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "invalid Test (test.example.com/v1): sharing.timeSlicing.interval: \
-             unknown variant `Fast`, expected `Default` or `Short`"
+             unknown variant, expected `Default` or `Short`"
         );
         let error = strict::<WithSharing>(
             json!({"sharing": {"timeSlicing": {"interval": "Short", "intervall": 1}}}),
@@ -904,13 +1098,13 @@ mod tests {
             (json!({"count": 4_294_967_296u64}), "count"),
         ] {
             let ours = decode_error(strict::<Inner>(input.clone()).unwrap_err());
-            let theirs = serde_json::from_value::<Inner>(input).unwrap_err();
-            assert_eq!(ours, (Some(path.to_owned()), theirs.to_string()));
+            assert!(serde_json::from_value::<Inner>(input).is_err());
+            assert_eq!(ours.0.as_deref(), Some(path));
         }
         let ours = strict::<(u8, u8)>(json!({"a": 1})).unwrap_err();
         assert_eq!(
             decode_error(ours).1,
-            "invalid type: map, expected a tuple of size 2"
+            "invalid type: expected a tuple of size 2, found an object"
         );
     }
 
@@ -970,5 +1164,86 @@ mod tests {
         let key = "k".repeat(10_000);
         let error = strict::<Inner>(json!({ key: 1 })).unwrap_err();
         assert!(unknown_paths(error)[0].len() < 200);
+    }
+
+    /// serde's messages quote string values; a config field may hold a secret.
+    #[test]
+    fn string_values_are_never_quoted() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Secretive {
+            token: Option<u32>,
+            mode: Option<Interval>,
+            flag: Option<bool>,
+            name: Option<char>,
+        }
+        for (input, message) in [
+            (
+                json!({"token": "hunter2-secret"}),
+                "invalid type: expected u32, found a string",
+            ),
+            (
+                json!({"mode": "hunter2-secret"}),
+                "unknown variant, expected `Default` or `Short`",
+            ),
+            (
+                json!({"mode": {"hunter2-secret": null}}),
+                "unknown variant, expected `Default` or `Short`",
+            ),
+            (
+                json!({"flag": "hunter2-secret"}),
+                "invalid type: expected a boolean, found a string",
+            ),
+            (
+                json!({"name": "hunter2-secret"}),
+                "invalid value: expected a character, found a string",
+            ),
+        ] {
+            let (_, got) = decode_error(strict::<Secretive>(input).unwrap_err());
+            assert_eq!(got, message);
+        }
+    }
+
+    /// A `Deserialize` impl's own message (`custom`) may quote the value: it is cut out.
+    #[test]
+    fn values_are_cut_out_of_custom_messages() {
+        #[derive(Debug)]
+        struct Parsed;
+        impl<'de> Deserialize<'de> for Parsed {
+            fn deserialize<D: de::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(deserializer)?;
+                Err(D::Error::custom(format!(
+                    "cannot parse {text:?} as a duration"
+                )))
+            }
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Holder {
+            timeout: Parsed,
+        }
+        let (field, message) =
+            decode_error(strict::<Holder>(json!({"timeout": "hunter2-secret"})).unwrap_err());
+        assert_eq!(field.as_deref(), Some("timeout"));
+        assert_eq!(message, "cannot parse \"(value hidden)\" as a duration");
+    }
+
+    /// Nesting as deep as serde_json parses (128) decodes without exhausting the stack.
+    #[test]
+    fn deep_nesting() {
+        let mut value = json!("leaf-secret");
+        for _ in 0..127 {
+            value = json!([value]);
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Deep {
+            deep: Vec<Vec<Vec<u8>>>,
+        }
+        let (field, message) = decode_error(strict::<Deep>(json!({ "deep": value })).unwrap_err());
+        assert_eq!(field.as_deref(), Some("deep[0][0][0]"));
+        assert_eq!(message, "invalid type: expected u8, found an array");
+        let any: Value = strict(json!({ "x": value })).unwrap();
+        assert!(any.is_object());
     }
 }

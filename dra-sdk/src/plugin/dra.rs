@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::claim::wire::split_valid;
 use crate::claim::{ClaimRef, DeviceRef};
 use crate::driver::Driver;
 use crate::health::{DeviceState, HealthSource, HealthStatus};
@@ -19,7 +20,8 @@ use crate::plugin::node::NodeService;
 use crate::proto::health_v1;
 use crate::proto::health_v1alpha1 as health_pb;
 
-/// The kubelet's claims as [`ClaimRef`]s (the `Claim` message is the same in every version).
+/// The kubelet's claims as [`ClaimRef`]s (the `Claim` message is the same in every version),
+/// unchecked: [`split_valid`] refuses the ones whose fields cannot be used.
 macro_rules! claim_refs {
     ($claims:expr) => {
         $claims
@@ -96,11 +98,13 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodePrepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodePrepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims: Vec<ClaimRef> = claim_refs!(request.into_inner().claims);
+                let (claims, refused) = split_valid(claim_refs!(request.into_inner().claims));
                 let requested = claims.clone();
                 let node = Arc::clone(&self.node);
-                let results = detached(async move { node.prepare(claims).await }).await?;
+                let mut results = detached(async move { node.prepare(claims).await }).await?;
                 record_failures(&self.events, &requested, &results, Failure::Prepare);
+                // Refused claims get no Event: their namespace or name may be no object's.
+                results.extend(refused.into_iter().map(|(uid, error)| (uid, Err(error))));
                 let device_defaults: fn(Option<String>) -> pb::Device = $device;
                 let claims = results
                     .into_iter()
@@ -135,11 +139,13 @@ macro_rules! dra_adapter {
                 request: Request<crate::proto::$pb::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<crate::proto::$pb::NodeUnprepareResourcesResponse>, Status> {
                 use crate::proto::$pb as pb;
-                let claims: Vec<ClaimRef> = claim_refs!(request.into_inner().claims);
+                let (claims, refused) = split_valid(claim_refs!(request.into_inner().claims));
                 let requested = claims.clone();
                 let node = Arc::clone(&self.node);
-                let results = detached(async move { node.unprepare(claims).await }).await?;
+                let mut results = detached(async move { node.unprepare(claims).await }).await?;
                 record_failures(&self.events, &requested, &results, Failure::Unprepare);
+                // Refused claims get no Event: their namespace or name may be no object's.
+                results.extend(refused.into_iter().map(|(uid, error)| (uid, Err(error))));
                 let claims = results
                     .into_iter()
                     .map(|(uid, result)| {
@@ -271,15 +277,20 @@ impl HealthService {
                     return; // the kubelet went away
                 }
                 ticker.reset();
+                // Every wait also watches the kubelet's end: a stream it dropped ends its
+                // task now, not at the next tick, or a kubelet reconnecting in a loop would
+                // pile up one task per stream for a whole resend interval.
                 if source_gone {
                     tokio::select! {
                         () = shutdown.cancelled() => return,
+                        () = sender.closed() => return,
                         _ = ticker.tick() => {}
                     }
                     continue;
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
+                    () = sender.closed() => return,
                     changed = updates.changed() => source_gone = changed.is_err(),
                     _ = ticker.tick() => {}
                 }

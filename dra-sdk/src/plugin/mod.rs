@@ -195,6 +195,8 @@ pub struct PluginBuilder<D: Driver> {
     serialize_operations: bool,
     foreign_checkpoint: Option<Box<dyn ForeignCheckpoint>>,
     skip_node_operations: bool,
+    #[cfg(feature = "fault-injection")]
+    fault_hook: Option<crate::advanced::fault_injection::FaultHook>,
 }
 
 impl KubeletPlugin {
@@ -235,6 +237,8 @@ impl KubeletPlugin {
             serialize_operations: false,
             skip_node_operations: false,
             foreign_checkpoint: None,
+            #[cfg(feature = "fault-injection")]
+            fault_hook: None,
         }
     }
 
@@ -455,6 +459,31 @@ impl<D: Driver> PluginBuilder<D> {
         self
     }
 
+    /// Bounds each ResourceClaim read of a prepare: discovery, every attempt, the client's
+    /// retries of 429/503/504 (honouring `Retry-After`), dropped connections and the waits in
+    /// between. A claim whose read does not finish in time fails alone with
+    /// `reading ResourceClaim <namespace>/<name>: timed out after …`, and the kubelet retries
+    /// the prepare later, instead of the whole call hanging until the kubelet's 45 s deadline.
+    /// Default 10 s; `--claim-read-timeout` sets it from the command line. It is
+    /// [`ReadPolicy::budget`](crate::advanced::claim::ReadPolicy::budget): a later
+    /// [`claim_read_policy`](Self::claim_read_policy) replaces it.
+    pub fn claim_read_timeout(mut self, timeout: Duration) -> Self {
+        self.read_policy.budget = timeout;
+        self
+    }
+
+    /// Test-only (feature `fault-injection`): calls `hook` at each named step of prepare and
+    /// unprepare ([`Step`](crate::advanced::fault_injection::Step)), on the task doing the
+    /// work, before the next side effect starts. A crash test kills the process from it.
+    #[cfg(feature = "fault-injection")]
+    pub fn fault_hook(
+        mut self,
+        hook: impl Fn(crate::advanced::fault_injection::Step) + Send + Sync + 'static,
+    ) -> Self {
+        self.fault_hook = Some(Arc::new(hook));
+        self
+    }
+
     /// Applies the command-line flags.
     #[cfg(feature = "cli")]
     pub fn args(mut self, args: &crate::cli::PluginArgs) -> Result<Self, PluginError> {
@@ -468,6 +497,7 @@ impl<D: Driver> PluginBuilder<D> {
         self.healthcheck_port = args
             .healthcheck_port()
             .map_err(|e| PluginError::InvalidSetting(e.to_string()))?;
+        self.read_policy.budget = args.claim_read_timeout;
         Ok(self)
     }
 
@@ -495,7 +525,7 @@ impl<D: Driver> PluginBuilder<D> {
             None => default_cdi_kind(&driver_name)?,
         };
         let data_dir = self.plugins_dir.join(&driver_name);
-        create_dir(&data_dir)?;
+        create_private_dir(&data_dir)?;
         create_dir(&self.cdi_root)?;
 
         let driver = Arc::new(self.driver);
@@ -553,6 +583,8 @@ impl<D: Driver> PluginBuilder<D> {
                 context.clone(),
                 MetadataWriter::new(&driver_name, &data_dir, self.cdi_root.clone()),
             ),
+            #[cfg(feature = "fault-injection")]
+            fault_hook: self.fault_hook.clone(),
         });
 
         // If anything below fails, the driver's background work (started in `Driver::start`)
@@ -692,6 +724,25 @@ async fn wait_for_first_sync(publisher: &PublisherHandle) {
 
 fn create_dir(dir: &std::path::Path) -> Result<(), PluginError> {
     std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))
+}
+
+/// Mode of the plugin's own directory (`<plugins dir>/<driver>`: sockets, checkpoint, lock
+/// files, metadata files): only root (the kubelet, the container runtime, the plugin itself)
+/// goes in. Workloads read their metadata files through a bind mount of a directory below,
+/// which the runtime sets up as root, so they need no access to this one.
+const DATA_DIR_MODE: u32 = 0o700;
+
+/// Creates the plugin's own directory with [`DATA_DIR_MODE`], and narrows an existing one
+/// (an earlier version created it from the umask): the directory is the driver's alone.
+fn create_private_dir(dir: &std::path::Path) -> Result<(), PluginError> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DATA_DIR_MODE)
+        .create(dir)
+        .map_err(io_error(format!("creating {}", dir.display())))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(DATA_DIR_MODE))
+        .map_err(io_error(format!("setting the mode of {}", dir.display())))
 }
 
 /// Rolls back what an earlier instance left half-done and hands the driver its context and

@@ -39,6 +39,17 @@ use crate::driver::{Driver, PluginEvent, PreparedClaim};
 use crate::metrics::{Operation, PluginMetrics};
 use crate::plugin::reports::{ClaimReports, check_statuses};
 
+/// Calls the plugin's fault-injection hook at a named step (feature `fault-injection`, test
+/// only); compiled out without the feature.
+macro_rules! fault_point {
+    ($node:expr, $step:ident) => {
+        #[cfg(feature = "fault-injection")]
+        if let Some(hook) = &$node.fault_hook {
+            hook(crate::advanced::fault_injection::Step::$step);
+        }
+    };
+}
+
 /// Result of preparing one claim: its devices, or the message the kubelet shows.
 pub(crate) type PrepareResult = Result<Vec<PreparedDeviceRecord>, String>;
 
@@ -68,6 +79,9 @@ pub(crate) struct NodeService<D: Driver> {
     pub(crate) serial: Option<NodeLock>,
     /// Device metadata and device status, for a driver that opted in.
     pub(crate) reports: ClaimReports,
+    /// Called at each named step of prepare and unprepare (crash tests).
+    #[cfg(feature = "fault-injection")]
+    pub(crate) fault_hook: Option<crate::advanced::fault_injection::FaultHook>,
 }
 
 impl<D: Driver> NodeService<D> {
@@ -84,6 +98,7 @@ impl<D: Driver> NodeService<D> {
             Err(failed) => return failed,
         };
         steps.mark("lock");
+        fault_point!(self, PrepareLocked);
 
         // Claims the checkpoint already answers need no read. For the others, the intent is
         // recorded while they are read: the read is the slowest step of a prepare, and the
@@ -95,6 +110,22 @@ impl<D: Driver> NodeService<D> {
                 Ok(Some(record)) if record.is_completed() => {
                     tracing::debug!(claim = %claim, "claim already prepared, answering from the checkpoint");
                     results.insert(claim.uid.clone(), Ok(record.devices));
+                }
+                Ok(Some(record)) if record.state == ClaimState::UnprepareStarted => {
+                    // An unprepare of this claim did not finish: the driver may have released
+                    // part of it. Finish the release, then prepare it anew (the new
+                    // PrepareStarted record replaces this one).
+                    let span = claim_span("finish_unprepare", &self.driver_name, claim);
+                    match self.release(claim, &record).instrument(span).await {
+                        Ok(()) => to_read.push((claim, false)),
+                        Err((kind, message)) => {
+                            self.metrics.claim_error(Operation::Prepare, kind);
+                            results.insert(
+                                claim.uid.clone(),
+                                Err(format!("finishing an interrupted unprepare: {message}")),
+                            );
+                        }
+                    }
                 }
                 Ok(record) => to_read.push((claim, record.is_some())),
                 Err(error) => {
@@ -134,6 +165,7 @@ impl<D: Driver> NodeService<D> {
             }
             return results;
         }
+        fault_point!(self, PrepareStartedRecorded);
 
         let mut ready = Vec::new();
         // Records of this batch's intent for claims that failed before the driver saw them:
@@ -210,12 +242,17 @@ impl<D: Driver> NodeService<D> {
             match recorded {
                 Ok(()) => {
                     self.metrics.add_prepared_claims(pending.len() as i64);
+                    fault_point!(self, PrepareCompletedRecorded);
                     // Status only once the claim is recorded: unprepare then clears it.
                     join_all(pending.iter().map(|(claim, _, statuses)| {
                         let span = claim_span("device_status", &self.driver_name, claim);
-                        self.reports
-                            .write_status(self.driver.as_ref(), claim, statuses)
-                            .instrument(span)
+                        async move {
+                            self.reports
+                                .write_status(self.driver.as_ref(), claim, statuses)
+                                .await;
+                            fault_point!(self, DeviceStatusWritten);
+                        }
+                        .instrument(span)
                     }))
                     .await;
                     for (claim, devices, _) in pending {
@@ -278,6 +315,7 @@ impl<D: Driver> NodeService<D> {
         claim: &Claim<D::Config>,
     ) -> Result<Prepared, (&'static str, String)> {
         let prepared = guarded(self.driver.prepare(claim)).await?;
+        fault_point!(self, DriverPrepared);
         check_prepared(claim, &prepared).map_err(|message| ("driver_output", message))?;
         check_statuses(
             claim,
@@ -296,6 +334,7 @@ impl<D: Driver> NodeService<D> {
                 .write_claim(&claim.claim.uid, &prepared.common_edits, &spec_devices)
                 .map_err(|error| ("cdi", format!("writing the CDI spec: {error}")))?
         };
+        fault_point!(self, CdiSpecWritten);
 
         // Map CDI names back to devices; devices with empty edits get no CDI ID of the SDK's,
         // only the driver's own.
@@ -335,6 +374,7 @@ impl<D: Driver> NodeService<D> {
         self.reports
             .write_metadata(claim, &mut records)
             .map_err(|message| ("metadata", message))?;
+        fault_point!(self, MetadataWritten);
         tracing::info!(devices = records.len(), "claim prepared");
         Ok((records, prepared.driver_state, prepared.device_status))
     }
@@ -366,33 +406,86 @@ impl<D: Driver> NodeService<D> {
             }
         };
 
-        let outcomes = join_all(claims.iter().map(|claim| {
+        fault_point!(self, UnprepareLocked);
+
+        let mut results = BTreeMap::new();
+        // Each claim's record, read under its locks.
+        let mut work = Vec::with_capacity(claims.len());
+        for claim in &claims {
+            match self.checkpoint.get(&claim.uid) {
+                Ok(record) => work.push((claim, record)),
+                Err(error) => {
+                    self.metrics.claim_error(Operation::Unprepare, "checkpoint");
+                    results.insert(
+                        claim.uid.clone(),
+                        Err(format!("reading the checkpoint: {error}")),
+                    );
+                }
+            }
+        }
+        // Before the driver releases anything of a prepared claim, its record says so: a
+        // process killed between the release and the record's removal must not serve the
+        // claim's half-released devices to a repeated prepare after its restart, which
+        // finishes the unprepare instead. One write for the batch.
+        let marks: Vec<ClaimChange> = work
+            .iter()
+            .filter_map(|(claim, record)| match record {
+                Some(record) if record.is_completed() => Some(ClaimChange::Put {
+                    uid: claim.uid.clone(),
+                    record: record.clone().into_unprepare_started(),
+                }),
+                _ => None,
+            })
+            .collect();
+        if !marks.is_empty() {
+            let marked = marks.len() as i64;
+            match self.write_checkpoint(marks).await {
+                // No longer served from the checkpoint: not counted as prepared.
+                Ok(()) => self.metrics.add_prepared_claims(-marked),
+                Err(error) => {
+                    // Nothing was released yet; the kubelet retries the unprepare.
+                    work.retain(|(claim, record)| {
+                        let completed = record.as_ref().is_some_and(ClaimRecord::is_completed);
+                        if completed {
+                            self.metrics.claim_error(Operation::Unprepare, "checkpoint");
+                            results.insert(
+                                claim.uid.clone(),
+                                Err(format!(
+                                    "recording the start of the unprepare in the checkpoint: {error}"
+                                )),
+                            );
+                        }
+                        !completed
+                    });
+                }
+            }
+            fault_point!(self, UnprepareStartedRecorded);
+        }
+
+        let outcomes = join_all(work.iter().map(|(claim, record)| {
             let span = claim_span("unprepare", &self.driver_name, claim);
             CLAIM_IN_PROGRESS.scope(
                 claim.uid.clone(),
-                self.unprepare_one(claim).instrument(span),
+                self.unprepare_one(claim, record.as_ref()).instrument(span),
             )
         }))
         .await;
 
-        let mut results = BTreeMap::new();
         let mut removals = Vec::new();
-        let mut completed_removed = 0i64;
-        for (claim, outcome) in claims.iter().zip(outcomes) {
+        for ((claim, _), outcome) in work.iter().zip(outcomes) {
             match outcome {
-                Ok(Some(was_completed)) => {
-                    if was_completed {
-                        completed_removed += 1;
-                    }
+                Ok(true) => {
                     removals.push(ClaimChange::Remove {
                         uid: claim.uid.clone(),
                     });
                     results.insert(claim.uid.clone(), Ok(()));
                 }
-                Ok(None) => {
+                Ok(false) => {
                     results.insert(claim.uid.clone(), Ok(()));
                 }
                 Err((kind, message)) => {
+                    // The record stays (`UnprepareStarted` for a prepared claim): the
+                    // kubelet's retry, or the next start, finishes the unprepare.
                     self.metrics.claim_error(Operation::Unprepare, kind);
                     results.insert(claim.uid.clone(), Err(message));
                 }
@@ -407,7 +500,9 @@ impl<D: Driver> NodeService<D> {
                 })
                 .collect();
             match self.write_checkpoint(removals).await {
-                Ok(()) => self.metrics.add_prepared_claims(-completed_removed),
+                Ok(()) => {
+                    fault_point!(self, UnprepareRecordRemoved);
+                }
                 Err(error) => {
                     // The driver already released the devices; unprepare is idempotent, so
                     // the kubelet's retry finishes the job.
@@ -424,16 +519,13 @@ impl<D: Driver> NodeService<D> {
         results
     }
 
-    /// Unprepares one claim; `Ok(Some(was_completed))` when a checkpoint record must be
-    /// removed.
+    /// Unprepares one claim given its record, read under its lock; `Ok(true)` when the
+    /// record must be removed.
     async fn unprepare_one(
         &self,
         claim: &ClaimRef,
-    ) -> Result<Option<bool>, (&'static str, String)> {
-        let record = self
-            .checkpoint
-            .get(&claim.uid)
-            .map_err(|error| ("checkpoint", format!("reading the checkpoint: {error}")))?;
+        record: Option<&ClaimRecord>,
+    ) -> Result<bool, (&'static str, String)> {
         let Some(record) = record else {
             // Never prepared here (or already unprepared): success, and make sure no spec is
             // left behind either.
@@ -444,19 +536,35 @@ impl<D: Driver> NodeService<D> {
                 .remove_metadata(claim)
                 .map_err(|message| ("metadata", message))?;
             tracing::debug!("claim not prepared on this node; nothing to do");
-            return Ok(None);
+            return Ok(false);
         };
+        self.release(claim, record).await?;
+        tracing::info!("claim unprepared");
+        Ok(true)
+    }
+
+    /// Undoes everything a prepare of `claim` did, the record aside: the driver's unprepare,
+    /// the CDI spec, the device metadata and the device status. Idempotent, so an interrupted
+    /// release can run again.
+    async fn release(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+    ) -> Result<(), (&'static str, String)> {
         let recorded = record.recorded(claim.clone());
         guarded(self.driver.unprepare(&recorded)).await?;
+        fault_point!(self, DriverUnprepared);
         self.cdi
             .remove_claim(&claim.uid)
             .map_err(|error| ("cdi", format!("removing the CDI spec: {error}")))?;
+        fault_point!(self, CdiSpecRemoved);
         self.reports
             .remove_metadata(claim)
             .map_err(|message| ("metadata", message))?;
+        fault_point!(self, MetadataRemoved);
         self.reports.clear_status(self.driver.as_ref(), claim).await;
-        tracing::info!("claim unprepared");
-        Ok(Some(record.is_completed()))
+        fault_point!(self, DeviceStatusCleared);
+        Ok(())
     }
 
     /// Brings state left by a previous run in line before the plugin registers: rolls back
@@ -477,16 +585,22 @@ impl<D: Driver> NodeService<D> {
         let started = SystemTime::now();
         let records = self.checkpoint.records()?;
         for (uid, record) in &records {
-            if record.state != ClaimState::PrepareStarted {
-                continue;
-            }
             let claim = ClaimRef {
                 uid: uid.clone(),
                 namespace: record.namespace.clone(),
                 name: record.name.clone(),
             };
-            let span = claim_span("rollback", &self.driver_name, &claim);
-            self.roll_back(claim).instrument(span).await?;
+            match record.state {
+                ClaimState::PrepareStarted => {
+                    let span = claim_span("rollback", &self.driver_name, &claim);
+                    self.roll_back(claim).instrument(span).await?;
+                }
+                ClaimState::UnprepareStarted => {
+                    let span = claim_span("finish_unprepare", &self.driver_name, &claim);
+                    self.finish_unprepare(claim).instrument(span).await?;
+                }
+                _ => {}
+            }
         }
         if sweep {
             self.sweep_orphans(started);
@@ -517,20 +631,55 @@ impl<D: Driver> NodeService<D> {
         Ok(())
     }
 
-    /// Rolls back one interrupted prepare, unless a live instance is working on the claim.
-    async fn roll_back(&self, claim: ClaimRef) -> Result<(), CheckpointError> {
-        let _guard = match self.claim_files.try_lock(&claim.uid) {
-            Ok(Some(guard)) => guard,
+    /// The claim's cross-process lock for recovery, unless a live instance holds it (it is
+    /// working on the claim) or it cannot be taken (logged; the work is left for later).
+    fn recovery_lock(&self, claim: &ClaimRef) -> Option<ClaimFileGuard> {
+        match self.claim_files.try_lock(&claim.uid) {
+            Ok(Some(guard)) => Some(guard),
             Ok(None) => {
                 tracing::info!(
-                    "another plugin instance is preparing this claim; leaving it to that instance"
+                    "another plugin instance is working on this claim; leaving it to that instance"
                 );
-                return Ok(());
+                None
             }
             Err(error) => {
-                tracing::warn!(%error, "cannot lock the claim; leaving its interrupted prepare for later");
-                return Ok(());
+                tracing::warn!(%error, "cannot lock the claim; leaving its interrupted operation for later");
+                None
             }
+        }
+    }
+
+    /// Finishes one interrupted unprepare (the kubelet was not answered, so it unprepares the
+    /// claim again anyway), unless a live instance is working on the claim. A failure is
+    /// logged and leaves the record: the kubelet's next unprepare of the claim retries.
+    async fn finish_unprepare(&self, claim: ClaimRef) -> Result<(), CheckpointError> {
+        let Some(_guard) = self.recovery_lock(&claim) else {
+            return Ok(());
+        };
+        // Re-read under the lock, as in `roll_back`.
+        let record = match self.checkpoint.get(&claim.uid)? {
+            Some(record) if record.state == ClaimState::UnprepareStarted => record,
+            _ => return Ok(()),
+        };
+        match self.release(&claim, &record).await {
+            Ok(()) => {
+                self.write_checkpoint(vec![ClaimChange::Remove {
+                    uid: claim.uid.clone(),
+                }])
+                .await?;
+                tracing::info!(claim = %claim, "finished an interrupted unprepare");
+            }
+            Err((_, error)) => {
+                tracing::warn!(claim = %claim, %error, "finishing an interrupted unprepare failed; the kubelet's next unprepare of the claim retries");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rolls back one interrupted prepare, unless a live instance is working on the claim.
+    async fn roll_back(&self, claim: ClaimRef) -> Result<(), CheckpointError> {
+        let Some(_guard) = self.recovery_lock(&claim) else {
+            return Ok(());
         };
         // Under the lock, the record may have changed since the first read: completed by the
         // instance that held the lock, or removed by its unprepare.

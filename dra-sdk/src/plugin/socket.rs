@@ -354,10 +354,13 @@ pub fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, SocketError
         });
     }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| SocketError::CreateDirectory {
-            path: parent.to_path_buf(),
-            source,
-        })?;
+        // 0700 when it has to be created: only the kubelet (root) connects.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(parent)
+            .map_err(|source| SocketError::CreateDirectory {
+                path: parent.to_path_buf(),
+                source,
+            })?;
     }
     remove_if_stale(path)?;
 

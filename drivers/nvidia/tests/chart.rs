@@ -21,8 +21,9 @@ use dra_sdk_testing::assert_contains;
 use dra_sdk_testing::deliverables::{chart as shared, dockerfile};
 use serde_json::{Value, json};
 use shared::{
-    OpenApi, assert_plugin_rules, describe, env_map, find_kind as find, helm_or_skip, render_chart,
-    validate_all,
+    OpenApi, assert_plugin_rules, assert_rbac_matches_calls, describe, env_map, find_kind as find,
+    granted_permissions, helm_or_skip, prepare_good_and_retry_bad_until_event_series, render_chart,
+    requested_permissions, validate_all,
 };
 
 const NAMESPACE: &str = "nvidia-dra-driver-gpu";
@@ -1381,4 +1382,188 @@ fn the_webhook_env_names_flags_of_the_webhook_binary() {
             );
         }
     }
+}
+
+/// The plugin pod's privileges are exactly those the chart README lists, each for its reason:
+/// a privileged `gpus` container (device nodes, MIG changes, VFIO rebinding, the MPS mount's
+/// Bidirectional propagation), no host namespaces, host paths limited to the kubelet's
+/// directories, the CDI root and the driver root (read-only), plus with `PassthroughSupport`
+/// the host root and `/lib/modules`, both read-only. The init container that waits for the
+/// driver asks for nothing.
+#[test]
+fn the_plugins_privileges_are_exactly_the_listed_ones() {
+    let Some(helm) = helm_or_skip() else { return };
+    for (file, passthrough) in [
+        ("defaults-values.yaml", false),
+        ("mock-values.yaml", false),
+        ("passthrough-values.yaml", true),
+    ] {
+        let documents = rendered(&helm, file);
+        let pod = pod_spec(&documents);
+        for namespace in ["hostPID", "hostIPC", "hostNetwork"] {
+            assert!(pod[namespace].is_null(), "{file}: {namespace}");
+        }
+        assert!(pod["securityContext"].is_null(), "{file}");
+        assert_eq!(
+            container(&documents)["securityContext"],
+            json!({ "privileged": true }),
+            "{file}"
+        );
+        for init in pod["initContainers"].as_array().into_iter().flatten() {
+            // NVML, which the wait initialises, opens the driver's device nodes.
+            assert_eq!(
+                init["securityContext"],
+                json!({ "privileged": true }),
+                "{file}: {init}"
+            );
+            for mount in init["volumeMounts"].as_array().unwrap() {
+                assert_eq!(mount["readOnly"], true, "{file}: {mount}");
+            }
+        }
+        let mut host_paths: Vec<(&str, &str)> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+            .collect();
+        host_paths.sort_unstable();
+        let mut expected = vec![
+            ("cdi", "/var/run/cdi"),
+            ("driver-root-parent", "/"),
+            ("plugins", "/var/lib/kubelet/plugins"),
+            ("plugins-registry", "/var/lib/kubelet/plugins_registry"),
+        ];
+        if passthrough {
+            expected.extend([("host-root", "/"), ("lib-modules", "/lib/modules")]);
+            expected.sort_unstable();
+        }
+        assert_eq!(host_paths, expected, "{file}");
+        // What is only read is mounted read-only.
+        for name in ["driver-root-parent", "host-root", "lib-modules"] {
+            if host_paths.iter().any(|(volume, _)| *volume == name) {
+                assert_eq!(
+                    mount(container(&documents), name)["readOnly"],
+                    true,
+                    "{file}: {name}"
+                );
+            }
+        }
+    }
+}
+
+/// The plugin's ClusterRole grants exactly the API calls `gpu-kubelet-plugin` makes: the
+/// plugin on a mock DGX H100 runs in process against the fake API server through every path
+/// that calls the API (first publish deleting a stale slice, node lookup, a claim read at
+/// prepare, a failing claim's Event and its series patch, a slice rewritten when the node's
+/// GPUs change, unprepare), and the requests the server counted are compared with the
+/// rendered rules both ways. MPS (its Role for the daemons' Deployments) is not run here.
+#[tokio::test]
+async fn the_plugins_rbac_rules_are_exactly_the_calls_it_makes() {
+    use dra_driver_nvidia::devices::DRIVER_NAME;
+    use dra_driver_nvidia::plugin::NvidiaPlugin;
+    use dra_sdk_testing::claims::AllocatedClaim;
+    use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
+    use dra_sdk_testing::kubelet::KubeletVersion;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = rendered(&helm, "defaults-values.yaml");
+    let account = find(&documents, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let granted = granted_permissions(&documents, &account);
+
+    let cli = Cli::try_parse_from([
+        "gpu-kubelet-plugin",
+        "--node-name",
+        NODE_NAME,
+        "--mock-profile",
+        "dgx-h100",
+    ])
+    .unwrap();
+    let nvidia = NvidiaPlugin::from_args(&cli.nvidia).unwrap();
+    let resources = nvidia.resources(NODE_NAME);
+    let cluster = TestCluster::start().await.unwrap();
+    let stale: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": "stale-slice" },
+        "spec": { "driver": DRIVER_NAME, "nodeName": NODE_NAME,
+                  "pool": { "name": "gone", "generation": 1, "resourceSliceCount": 1 },
+                  "devices": [{ "name": "gpu-99" }] },
+    }))
+    .unwrap();
+    cluster.api().insert(&stale).unwrap();
+    let client = cluster.client();
+    let good = AllocatedClaim::new("default", "good")
+        .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-0")
+        .create(&client)
+        .await
+        .unwrap();
+    let bad = AllocatedClaim::new("default", "bad")
+        .device("gpu", DRIVER_NAME, NODE_NAME, "gpu-1")
+        .claim_config(
+            &["gpu"],
+            DRIVER_NAME,
+            json!({ "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                    "sharing": 7 }),
+        )
+        .create(&client)
+        .await
+        .unwrap();
+    let (good, bad) = (claim_ref(&good).unwrap(), claim_ref(&bad).unwrap());
+    // From here on only the plugin talks to the API server over HTTP.
+    cluster.api().reset_stats();
+    let plugin = cluster
+        .plugin(nvidia.driver.clone(), DRIVER_NAME)
+        .resources(resources)
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), plugin.published())
+        .await
+        .expect("the first publish");
+    let kubelet = cluster
+        .register(&plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    // A failing claim: its Event is created, a retry patches the Event's series.
+    prepare_good_and_retry_bad_until_event_series(&kubelet, cluster.api(), &good, &bad).await;
+    // The node's GPUs change (another machine's, as after a repartition): the slice is
+    // rewritten.
+    let updates = cluster.api().stats().resource("resourceslices").update;
+    let workstation = Cli::try_parse_from([
+        "gpu-kubelet-plugin",
+        "--node-name",
+        NODE_NAME,
+        "--mock-profile",
+        "workstation",
+    ])
+    .unwrap();
+    let workstation = NvidiaPlugin::from_args(&workstation.nvidia).unwrap();
+    plugin
+        .context()
+        .publish(workstation.resources(NODE_NAME))
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cluster.api().stats().resource("resourceslices").update == updates {
+        assert!(tokio::time::Instant::now() < deadline, "no slice update");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let unprepared = kubelet
+        .unprepare(std::slice::from_ref(&good))
+        .await
+        .unwrap();
+    assert!(unprepared[&good.uid].is_ok(), "{unprepared:?}");
+    let slices: Vec<ResourceSlice> = cluster.api().list().unwrap();
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.metadata.name.as_deref() != Some("stale-slice")),
+        "the stale slice was deleted"
+    );
+    plugin.shutdown().await.unwrap();
+
+    let requested = requested_permissions(&cluster.api().stats()).unwrap();
+    assert_rbac_matches_calls("dra-driver-nvidia-gpu", &granted, &requested);
 }

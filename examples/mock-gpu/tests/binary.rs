@@ -334,7 +334,7 @@ async fn the_webhook_binary_denies_a_bad_config_and_allows_a_good_one_over_https
     let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert_contains(
         message,
-        "spec.devices.config[0].opaque.parameters: invalid GpuConfig (gpu.resource.example.com/v1alpha1): sharing.timeSlicingConfig.interval: unknown variant `Forever`",
+        "spec.devices.config[0].opaque.parameters: invalid GpuConfig (gpu.resource.example.com/v1alpha1): sharing.timeSlicingConfig.interval: unknown variant, expected",
     );
     let good =
         claim(json!({ "strategy": "TimeSlicing", "timeSlicingConfig": { "interval": "Long" } }));

@@ -12,8 +12,10 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use support::chart::{
     OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
-    assert_webhook_shape, chart_dir, describe, env_map, find_kind, helm_or_skip, rbac_objects,
-    render, secret_data, tls_handshake, validate_all, values_sets, webhook_objects,
+    assert_rbac_matches_calls, assert_webhook_shape, chart_dir, describe, env_map, find_kind,
+    granted_permissions, helm_or_skip, prepare_good_and_retry_bad_until_event_series, rbac_objects,
+    render, requested_permissions, secret_data, tls_handshake, validate_all, values_sets,
+    webhook_objects,
 };
 
 const NAMESPACE: &str = "dra-mock-gpu";
@@ -591,4 +593,161 @@ fn the_webhook_env_names_flags_of_the_webhook_binary() {
             );
         }
     }
+}
+
+/// The plugin container's security context is the least the mock plugin needs: root only to
+/// write the root-owned host directories (registration socket, plugins directory, CDI
+/// specs), and nothing else: not privileged, no capability, no privilege escalation, a
+/// read-only root filesystem, the runtime's default seccomp profile, no host namespaces.
+#[test]
+fn the_mock_plugin_runs_unprivileged_with_every_capability_dropped() {
+    let Some(helm) = helm_or_skip() else { return };
+    // The defaults and the CI values files, except the one that sets every option to a
+    // non-default value (a user may widen the context; the chart does not).
+    for (name, args) in values_sets()
+        .into_iter()
+        .filter(|(name, _)| name != "all-options-values.yaml")
+    {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let documents = render(&helm, "mock-gpu", NAMESPACE, &args).unwrap();
+        let pod = &find_kind(&documents, "DaemonSet")["spec"]["template"]["spec"];
+        for namespace in ["hostPID", "hostIPC", "hostNetwork"] {
+            assert!(
+                pod[namespace].is_null() || pod[namespace] == false,
+                "{name}: {namespace}"
+            );
+        }
+        let containers = pod["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1, "{name}");
+        let security = &containers[0]["securityContext"];
+        assert_eq!(
+            security,
+            &serde_json::json!({
+                "runAsUser": 0,
+                "allowPrivilegeEscalation": false,
+                "readOnlyRootFilesystem": true,
+                "capabilities": { "drop": ["ALL"] },
+                "seccompProfile": { "type": "RuntimeDefault" },
+            }),
+            "{name}"
+        );
+        // Only the kubelet's directories and the CDI root come from the host.
+        for volume in pod["volumes"].as_array().unwrap() {
+            if let Some(path) = volume["hostPath"]["path"].as_str() {
+                assert!(
+                    ["plugins_registry", "plugins", "cdi"]
+                        .iter()
+                        .any(|dir| path.ends_with(dir)),
+                    "{name}: hostPath {path}"
+                );
+            }
+        }
+    }
+}
+
+/// The plugin's ClusterRole grants exactly the API calls the plugin makes: the mock driver
+/// runs in process (device status on, as `kubeletPlugin.deviceStatus=true` renders its
+/// rules) against the fake API server through every path that calls the API (first publish
+/// deleting a stale slice, a slice update, claim reads, status patches, a failing claim's
+/// Event and its series patch, unprepare), and the requests the server counted are compared
+/// with the rendered rules both ways.
+#[tokio::test]
+async fn the_plugins_rbac_rules_are_exactly_the_calls_it_makes() {
+    use dra_sdk_testing::claims::AllocatedClaim;
+    use dra_sdk_testing::cluster::{NODE_NAME, TestCluster, claim_ref};
+    use dra_sdk_testing::kubelet::KubeletVersion;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use mock_gpu::{DEFAULT_DRIVER_NAME, MockGpuDriver};
+
+    let Some(helm) = helm_or_skip() else { return };
+    let documents = render(
+        &helm,
+        "mock-gpu",
+        NAMESPACE,
+        &["--set", "kubeletPlugin.deviceStatus=true"],
+    )
+    .unwrap();
+    let account = find_kind(&documents, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let granted = granted_permissions(&documents, &account);
+
+    let cluster = TestCluster::start().await.unwrap();
+    // A slice an earlier run left for a pool the node no longer has: the first publish
+    // deletes it.
+    let stale: ResourceSlice = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": { "name": "stale-slice" },
+        "spec": { "driver": DEFAULT_DRIVER_NAME, "nodeName": NODE_NAME,
+                  "pool": { "name": "gone", "generation": 1, "resourceSliceCount": 1 },
+                  "devices": [{ "name": "gpu-9" }] },
+    }))
+    .unwrap();
+    cluster.api().insert(&stale).unwrap();
+    let client = cluster.client();
+    let good = AllocatedClaim::new("default", "good")
+        .device("gpu", DEFAULT_DRIVER_NAME, NODE_NAME, "gpu-0")
+        .create(&client)
+        .await
+        .unwrap();
+    let bad = AllocatedClaim::new("default", "bad")
+        .device("gpu", DEFAULT_DRIVER_NAME, NODE_NAME, "gpu-1")
+        .claim_config(
+            &["gpu"],
+            DEFAULT_DRIVER_NAME,
+            serde_json::json!({ "apiVersion": "gpu.resource.example.com/v1alpha1",
+                                "kind": "GpuConfig", "sharing": 7 }),
+        )
+        .create(&client)
+        .await
+        .unwrap();
+    let (good, bad) = (claim_ref(&good).unwrap(), claim_ref(&bad).unwrap());
+    // From here on only the plugin talks to the API server over HTTP.
+    cluster.api().reset_stats();
+
+    let driver = MockGpuDriver::new(DEFAULT_DRIVER_NAME, NODE_NAME, 2).with_device_status(true);
+    let plugin = cluster
+        .plugin(driver.clone(), DEFAULT_DRIVER_NAME)
+        .resources(driver.resources())
+        .start()
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), plugin.published())
+        .await
+        .expect("the first publish");
+    let kubelet = cluster
+        .register(&plugin, KubeletVersion::V1_36)
+        .await
+        .unwrap();
+    // A failing claim: its Event is created, a retry patches the Event's series.
+    prepare_good_and_retry_bad_until_event_series(&kubelet, cluster.api(), &good, &bad).await;
+    // A changed GPU: its slice is updated.
+    let updates = cluster.api().stats().resource("resourceslices").update;
+    driver
+        .update_gpu(0, |gpu| {
+            gpu.memory = dra_sdk::slices::Quantity("40Gi".into())
+        })
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cluster.api().stats().resource("resourceslices").update == updates {
+        assert!(tokio::time::Instant::now() < deadline, "no slice update");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let unprepared = kubelet
+        .unprepare(std::slice::from_ref(&good))
+        .await
+        .unwrap();
+    assert!(unprepared[&good.uid].is_ok(), "{unprepared:?}");
+    let slices: Vec<ResourceSlice> = cluster.api().list().unwrap();
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.metadata.name.as_deref() != Some("stale-slice")),
+        "the stale slice was deleted"
+    );
+    plugin.shutdown().await.unwrap();
+
+    let requested = requested_permissions(&cluster.api().stats()).unwrap();
+    assert_rbac_matches_calls("mock-gpu-driver", &granted, &requested);
 }

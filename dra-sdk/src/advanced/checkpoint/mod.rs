@@ -501,10 +501,14 @@ impl Checkpoint {
         if boot_id.is_empty() {
             return Err(CheckpointError::EmptyBootId);
         }
-        fs::create_dir_all(dir).map_err(|source| CheckpointError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
+        // 0700: the checkpoint is root's alone, like the kubelet's own (it names every
+        // prepared claim); an existing directory keeps its mode.
+        std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+            .create(dir)
+            .map_err(|source| CheckpointError::CreateDir {
+                path: dir.to_owned(),
+                source,
+            })?;
         let lock_path = dir.join(LOCK_FILE);
         let lock_file =
             file::open_lock_file(&lock_path).map_err(|source| CheckpointError::Lock {

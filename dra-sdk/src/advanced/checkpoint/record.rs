@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 ///
 /// The record is written with [`ClaimState::PrepareStarted`] *before* the driver touches the node
 /// and with [`ClaimState::PrepareCompleted`] once every side effect is in place, so a restart can
-/// tell "serve it again" from "undo what may have been done".
+/// tell "serve it again" from "undo what may have been done". Unprepare of a completed claim
+/// writes [`ClaimState::UnprepareStarted`] before the driver releases anything, so a restart
+/// finishes the release instead of serving devices that may be half gone.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ClaimState {
@@ -21,6 +23,11 @@ pub enum ClaimState {
     PrepareStarted,
     /// Every side effect is in place; the recorded devices can be returned to the kubelet as is.
     PrepareCompleted,
+    /// The claim was prepared (its devices and driver state are kept) and its unprepare
+    /// started: the driver may have released part of it. Never served; a restart, a repeated
+    /// unprepare or a new prepare of the claim finishes the unprepare first. SDKs before this
+    /// state read it as [`ClaimState::Unrecognized`] (not completed, kept verbatim).
+    UnprepareStarted,
     /// A state written by a newer SDK that this version does not know. Treat it like
     /// [`ClaimState::PrepareStarted`]: nothing says the claim is complete. The name is kept and
     /// written back unchanged.
@@ -28,11 +35,13 @@ pub enum ClaimState {
 }
 
 impl ClaimState {
-    /// The name used in the file (`PrepareStarted`, `PrepareCompleted`, or the unrecognized one).
+    /// The name used in the file (`PrepareStarted`, `PrepareCompleted`, `UnprepareStarted`, or
+    /// the unrecognized one).
     pub fn as_str(&self) -> &str {
         match self {
             Self::PrepareStarted => "PrepareStarted",
             Self::PrepareCompleted => "PrepareCompleted",
+            Self::UnprepareStarted => "UnprepareStarted",
             Self::Unrecognized(name) => name,
         }
     }
@@ -56,6 +65,7 @@ impl<'de> Deserialize<'de> for ClaimState {
         Ok(match name.as_str() {
             "PrepareStarted" => Self::PrepareStarted,
             "PrepareCompleted" => Self::PrepareCompleted,
+            "UnprepareStarted" => Self::UnprepareStarted,
             _ => Self::Unrecognized(name),
         })
     }
@@ -131,6 +141,24 @@ impl ClaimRecord {
         self.state == ClaimState::PrepareCompleted
     }
 
+    /// The same record in [`ClaimState::UnprepareStarted`]: devices, driver state and unknown
+    /// fields are kept for the driver's `unprepare`, which may have to run again.
+    ///
+    /// ```
+    /// use dra_sdk::advanced::checkpoint::{ClaimRecord, ClaimState, PreparedDeviceRecord};
+    ///
+    /// let completed = ClaimRecord::started("default", "gpu-claim")
+    ///     .into_completed(vec![PreparedDeviceRecord::new("node-a", "gpu-0")]);
+    /// let unpreparing = completed.into_unprepare_started();
+    /// assert_eq!(unpreparing.state, ClaimState::UnprepareStarted);
+    /// assert!(!unpreparing.is_completed());
+    /// assert_eq!(unpreparing.devices.len(), 1);
+    /// ```
+    pub fn into_unprepare_started(mut self) -> Self {
+        self.state = ClaimState::UnprepareStarted;
+        self
+    }
+
     /// The driver state decoded into the driver's type; `None` when the record has none.
     ///
     /// ```
@@ -196,7 +224,11 @@ impl ClaimRecord {
         let record = self;
         RecordedClaim {
             claim,
-            completed: record.is_completed(),
+            // An unprepare that started had a completed prepare to undo.
+            completed: matches!(
+                record.state,
+                ClaimState::PrepareCompleted | ClaimState::UnprepareStarted
+            ),
             devices: record.devices.iter().map(RecordedDevice::from).collect(),
             driver_state: record.driver_state.clone(),
         }
@@ -230,15 +262,40 @@ mod tests {
     #[test]
     fn unknown_state_round_trips_verbatim() {
         let record: ClaimRecord =
-            serde_json::from_value(json!({ "state": "UnprepareStarted" })).unwrap();
+            serde_json::from_value(json!({ "state": "ReleaseStarted" })).unwrap();
         assert_eq!(
             record.state,
-            ClaimState::Unrecognized("UnprepareStarted".into())
+            ClaimState::Unrecognized("ReleaseStarted".into())
         );
+        assert!(!record.is_completed());
         assert_eq!(
             serde_json::to_value(&record).unwrap()["state"],
-            "UnprepareStarted"
+            "ReleaseStarted"
         );
+    }
+
+    #[test]
+    fn unprepare_started_round_trips_keeping_devices_and_driver_state() {
+        let record = ClaimRecord::started("ns", "claim")
+            .with_driver_state(json!({ "mig": 3 }))
+            .into_completed(vec![PreparedDeviceRecord::new("pool", "gpu-0")])
+            .into_unprepare_started();
+        let value = serde_json::to_value(&record).unwrap();
+        assert_eq!(value["state"], "UnprepareStarted");
+        assert_eq!(value["devices"][0]["device"], "gpu-0");
+        assert_eq!(value["driverState"]["mig"], 3);
+        let back: ClaimRecord = serde_json::from_value(value).unwrap();
+        assert_eq!(back, record);
+        assert_eq!(back.state, ClaimState::UnprepareStarted);
+        // Not served, but the driver's unprepare sees a completed prepare to undo.
+        assert!(!back.is_completed());
+        let recorded = back.recorded(ClaimRef {
+            uid: "u".into(),
+            namespace: "ns".into(),
+            name: "claim".into(),
+        });
+        assert!(recorded.completed);
+        assert_eq!(recorded.devices.len(), 1);
     }
 
     #[test]

@@ -33,6 +33,7 @@ use crate::k8s::names;
 
 mod cache;
 mod handle;
+mod pacing;
 mod reconcile;
 
 use self::cache::SliceCache;
@@ -525,6 +526,7 @@ impl ResourceSlicePublisher {
             clean: None,
             in_sync: false,
             churn: 0,
+            retry_after: None,
         };
         let task = tokio::spawn(reconciler.run().instrument(span));
         PublisherHandle {

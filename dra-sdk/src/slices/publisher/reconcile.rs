@@ -61,6 +61,26 @@ pub(super) struct Reconciler {
     /// Consecutive successful write rounds without any outside change: a guard against
     /// rewriting forever should the server normalize something the comparison misses.
     pub(super) churn: u32,
+    /// The longest `Retry-After` a failed write of this round carried: the next round waits
+    /// at least that long, whatever the backoff says (kube's client honours it only for the
+    /// requests it retries itself, and not at all with its default retries turned off).
+    pub(super) retry_after: Option<Duration>,
+}
+
+/// The most a server's `Retry-After` holds the publisher back: the default backoff's ceiling.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(300);
+
+/// The server's `Retry-After` (`details.retryAfterSeconds`) on an error answer, if any.
+fn retry_after_of(error: &kube::Error) -> Option<Duration> {
+    match error {
+        kube::Error::Api(status) => status
+            .details
+            .as_ref()
+            .map(|details| details.retry_after_seconds)
+            .filter(|seconds| *seconds > 0)
+            .map(|seconds| Duration::from_secs(seconds.into()).min(MAX_RETRY_AFTER)),
+        _ => None,
+    }
 }
 
 pub(super) type Decoded = Result<api::ResourceSlice, (String, serde_json::Error)>;
@@ -247,8 +267,13 @@ impl Reconciler {
         }
         let version = connection.version;
         let watch_backoff = Backoff::new(self.options.backoff_initial, self.options.backoff_max);
+        let paced = super::pacing::paced(
+            &self.client,
+            self.options.backoff_initial,
+            self.options.backoff_max,
+        );
         let mut watch = watcher(
-            connection.api.clone(),
+            Api::all_with(paced, &version.api_resource()),
             watcher::Config::default().fields(&fields),
         )
         .backoff(watch_backoff)
@@ -421,8 +446,9 @@ impl Reconciler {
         );
         let failed = self.execute(plan, connection).await;
         let now = Instant::now();
+        let retry_after = self.retry_after.take().unwrap_or_default();
         if failed {
-            Some(now + self.backoff.next_delay())
+            Some(now + self.backoff.next_delay().max(retry_after))
         } else {
             self.churn += 1;
             if self.churn > 3 {
@@ -632,6 +658,7 @@ impl Reconciler {
                         _ => {}
                     }
                     failed = true;
+                    self.retry_after = self.retry_after.max(retry_after_of(&error));
                     self.api_error(PublishError::Write {
                         operation,
                         slice: name,

@@ -506,15 +506,17 @@ impl MpsConfig {
     }
 }
 
+/// The messages do not quote the value: the SDK never echoes a user's string in a config
+/// error (it could be a secret in another field), and a driver's own checks follow suit.
 fn check_limit(field: &str, limit: &Quantity) -> Result<(), ConfigValidationError> {
     match limit.bytes() {
         None => Err(ConfigValidationError::for_field(
             field,
-            format!("{limit:?} is not a valid quantity (for example 10Gi or 512Mi)"),
+            "is not a valid quantity (for example 10Gi or 512Mi)",
         )),
         Some(bytes) if bytes < MIB => Err(ConfigValidationError::for_field(
             field,
-            format!("must be at least 1Mi, got {limit}"),
+            format!("must be at least 1Mi, got {bytes} bytes"),
         )),
         Some(_) => Ok(()),
     }

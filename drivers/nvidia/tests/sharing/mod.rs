@@ -532,7 +532,7 @@ async fn mps_errors_name_the_field_and_a_failed_start_leaves_nothing_behind() {
     let error = prepare_one(&r, &too_small).await.unwrap_err();
     assert_contains(
         &error,
-        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 512Ki",
+        "sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 524288 bytes",
     );
     assert_eq!(r.f.host.events(), [], "nothing touched for a bad config");
 

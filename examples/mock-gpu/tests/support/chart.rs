@@ -8,8 +8,10 @@ use serde_json::Value;
 
 pub use super::shared::{
     OpenApi, assert_all_options_documented, assert_helm_mode_certificate, assert_plugin_rules,
-    assert_webhook_shape, decode, describe, env_map, find_kind, helm_or_skip, leaves, rbac_objects,
-    secret_data, tls_handshake, validate_all, webhook_objects, yaml, yaml_documents,
+    assert_rbac_matches_calls, assert_webhook_shape, decode, describe, env_map, find_kind,
+    granted_permissions, helm_or_skip, leaves, prepare_good_and_retry_bad_until_event_series,
+    rbac_objects, requested_permissions, secret_data, tls_handshake, validate_all, webhook_objects,
+    yaml, yaml_documents,
 };
 
 pub fn chart_dir() -> PathBuf {
